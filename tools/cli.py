@@ -1,0 +1,71 @@
+"""The ``ucp`` command: a thin dispatcher over one module per subcommand.
+
+Each subcommand lives in its own module under tools/ with a
+``register(subparsers)`` function that adds its parser and sets
+``func=run`` where ``run(args) -> int``. No logic lives only here.
+
+Exit codes: 0 ok, 1 a check failed, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module; imported lazily so `ucp logs` never pays for torch.
+SUBCOMMANDS = {
+    "demo": "tools.demo_cli",
+    "verify": "tools.verify_cli",
+    "inspect": "tools.inspect_cli",
+    "bench": "tools.bench_cli",
+    "ucl": "tools.ucl_cli",
+    "logs": "tools.logs_cli",
+    "ettr": "tools.ettr_cli",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ucp",
+        description="Universal checkpoints, checkpoint language, reliability analysis.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, module_name in SUBCOMMANDS.items():
+        # Import only the requested subcommand's module (all of them for --help).
+        if wanted is not None and wanted in SUBCOMMANDS and name != wanted:
+            sub.add_parser(name, help="(see ucp NAME --help)")
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue  # subcommand not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 - the CLI turns known errors into exit 2
+        from ucp.errors import UcpError
+
+        if isinstance(err, (UcpError, OSError)):
+            print(f"ucp {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The exception hierarchy: one root, each subclass also a matching builtin.
+
+Callers who know nothing of ucp can still catch ``FileNotFoundError`` or
+``ValueError``; callers who do can catch :class:`UcpError` for everything.
+
+Example::
+
+    try:
+        ucp.load("ckpt/step_100")
+    except ucp.ChecksumError as err:
+        print("corrupt:", err)
+"""
+
+from __future__ import annotations
+
+
+class UcpError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class CheckpointNotFoundError(UcpError, FileNotFoundError):
+    """No checkpoint at the path (no committed manifest)."""
+
+
+class IncompleteCheckpointError(UcpError, RuntimeError):
+    """A save was started but never committed, or a fragment it lists is missing."""
+
+
+class ChecksumError(UcpError, ValueError):
+    """A fragment's bytes do not match the checksum recorded when it was written."""
+
+
+class TruncatedDataError(UcpError, ValueError):
+    """A file holds fewer bytes than the manifest says it must."""
+
+
+class FormatVersionError(UcpError, ValueError):
+    """The manifest's ``format_version`` is not one this reader understands."""
+
+
+class ManifestError(UcpError, ValueError):
+    """The manifest is not valid JSON or does not follow docs/FORMAT.md."""
+
+
+class ShapeMismatchError(UcpError, ValueError):
+    """A tensor in the checkpoint does not fit the tensor it is loaded into."""
+
+
+class KeyMismatchError(UcpError, KeyError):
+    """Keys missing from the checkpoint, or unexpected in it, under strict loading."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class CoverageError(UcpError, ValueError):
+    """Fragments leave elements of a logical tensor uncovered, or cover some twice."""
+
+
+class LayoutError(UcpError, ValueError):
+    """A parallel layout string or value is malformed or inconsistent."""
+
+
+class ReplicaMismatchError(UcpError, ValueError):
+    """Replicas that must hold equal values differ (check-equal policy)."""
+
+
+class UnsafeObjectError(UcpError, TypeError):
+    """Saving or loading an arbitrary Python object was not explicitly allowed."""
+
+
+class AsyncSaveError(UcpError, RuntimeError):
+    """A background save failed; raised from its handle and from the next save."""

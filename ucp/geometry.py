@@ -1,0 +1,327 @@
+"""Integer geometry of shards: boxes, flat element ranges and their overlaps.
+
+Everything here is pure: plain frozen dataclasses and functions over them, so
+resharding can be tested without processes or disks.
+
+A *region* of a tensor of shape ``S`` is either
+
+* a :class:`Box`: an N-d block given by ``offsets`` and ``sizes``, or
+* a :class:`FlatRange`: elements ``[start, stop)`` of the row-major flattening
+  of the tensor (ZeRO and FSDP flat partitions cut tensors this way).
+
+Any region is also a list of :class:`Piece` s: boxes of the tensor, each of
+which is a contiguous run of the region's own storage. A box region is one
+piece with no span; a flat range is at most ``2 * ndim - 1`` row-major pieces.
+Overlaps are computed piece against piece, which handles box/box, flat/flat
+and box/flat alike::
+
+    >>> src = FlatRange(3, 9)                      # elements 3..8 of a 3x4 tensor
+    >>> dst = Box((1, 0), (2, 4))                  # rows 1 and 2
+    >>> [op.overlap for op in plan_overlaps([src], dst, (3, 4))]
+    [Box(offsets=(1, 0), sizes=(1, 4)), Box(offsets=(2, 0), sizes=(1, 1))]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+from ucp.errors import ManifestError
+
+
+@dataclass(frozen=True)
+class Box:
+    """An N-d block of a tensor: ``tensor[o0:o0+s0, o1:o1+s1, ...]``."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.offsets) != len(self.sizes):
+            raise ValueError(f"box offsets {self.offsets} and sizes {self.sizes} differ in rank")
+        if any(o < 0 for o in self.offsets) or any(s < 0 for s in self.sizes):
+            raise ValueError(f"box offsets {self.offsets} and sizes {self.sizes} must be >= 0")
+
+    @classmethod
+    def full(cls, shape: Sequence[int]) -> "Box":
+        """The box covering a whole tensor of ``shape``."""
+        return cls((0,) * len(shape), tuple(int(s) for s in shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def stops(self) -> tuple[int, ...]:
+        return tuple(o + s for o, s in zip(self.offsets, self.sizes))
+
+    def is_empty(self) -> bool:
+        return any(s == 0 for s in self.sizes)
+
+    def intersect(self, other: "Box") -> "Box | None":
+        """The common block, or None when the boxes do not overlap (or one is empty)."""
+        if self.ndim != other.ndim:
+            raise ValueError(f"cannot intersect a {self.ndim}-d box with a {other.ndim}-d box")
+        lo = tuple(max(a, b) for a, b in zip(self.offsets, other.offsets))
+        hi = tuple(min(a, b) for a, b in zip(self.stops, other.stops))
+        if any(h <= l for l, h in zip(lo, hi)) and self.ndim:
+            return None
+        if self.is_empty() or other.is_empty():
+            return None
+        return Box(lo, tuple(h - l for l, h in zip(lo, hi)))
+
+    def contains(self, other: "Box") -> bool:
+        return all(a <= b for a, b in zip(self.offsets, other.offsets)) and all(
+            a >= b for a, b in zip(self.stops, other.stops)
+        )
+
+    def relative_to(self, outer: "Box") -> "Box":
+        """This box in the coordinates of ``outer`` (which must contain it)."""
+        return Box(tuple(a - b for a, b in zip(self.offsets, outer.offsets)), self.sizes)
+
+    def shifted(self, offsets: Sequence[int]) -> "Box":
+        return Box(tuple(a + b for a, b in zip(self.offsets, offsets)), self.sizes)
+
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.sizes))
+
+    def to_dict(self) -> dict:
+        return {"offsets": list(self.offsets), "sizes": list(self.sizes)}
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(self.offsets, self.sizes)) + "]"
+
+
+@dataclass(frozen=True)
+class FlatRange:
+    """Elements ``[start, stop)`` of a tensor's row-major flattening."""
+
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.stop:
+            raise ValueError(f"flat range [{self.start}, {self.stop}) must have 0 <= start <= stop")
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+    def is_empty(self) -> bool:
+        return self.stop == self.start
+
+    def intersect(self, other: "FlatRange") -> "FlatRange | None":
+        lo, hi = max(self.start, other.start), min(self.stop, other.stop)
+        return FlatRange(lo, hi) if lo < hi else None
+
+    def to_dict(self) -> dict:
+        return {"start": self.start, "stop": self.stop}
+
+    def __str__(self) -> str:
+        return f"flat[{self.start}:{self.stop}]"
+
+
+Region = Union[Box, FlatRange]
+
+
+def region_to_dict(region: Region) -> dict:
+    """The manifest form of a region: ``{"box": {...}}`` or ``{"flat": {...}}``."""
+    if isinstance(region, Box):
+        return {"box": region.to_dict()}
+    return {"flat": region.to_dict()}
+
+
+def region_from_dict(data: dict) -> Region:
+    """Inverse of :func:`region_to_dict`; raises ManifestError on anything else."""
+    try:
+        if set(data) == {"box"}:
+            return Box(tuple(int(v) for v in data["box"]["offsets"]), tuple(int(v) for v in data["box"]["sizes"]))
+        if set(data) == {"flat"}:
+            return FlatRange(int(data["flat"]["start"]), int(data["flat"]["stop"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ManifestError(f"bad region {data!r}: {err}") from None
+    raise ManifestError(f"bad region {data!r}: expected {{'box': ...}} or {{'flat': ...}}")
+
+
+def region_numel(region: Region) -> int:
+    return region.numel
+
+
+def region_shape(region: Region) -> tuple[int, ...]:
+    """The shape of the array that stores a region: the box sizes, or 1-d for a flat range."""
+    return region.sizes if isinstance(region, Box) else (region.numel,)
+
+
+def unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major coordinates of flat ``index`` in ``shape``."""
+    coords = []
+    for size in reversed(shape):
+        coords.append(index % size if size else 0)
+        index = index // size if size else 0
+    return tuple(reversed(coords))
+
+
+def flat_to_boxes(rng: FlatRange, shape: Sequence[int]) -> list[tuple[FlatRange, Box]]:
+    """Split a flat range of a ``shape`` tensor into row-major boxes.
+
+    Returns ``(span, box)`` pairs in order, where ``span`` is the run of the
+    range (in tensor flat coordinates) that the box occupies. At most
+    ``2 * ndim - 1`` boxes::
+
+        >>> [str(b) for _, b in flat_to_boxes(FlatRange(3, 9), (3, 4))]
+        ['[0:1, 3:4]', '[1:2, 0:4]', '[2:3, 0:1]']
+    """
+    shape = tuple(int(s) for s in shape)
+    total = math.prod(shape)
+    if rng.stop > total:
+        raise ValueError(f"flat range [{rng.start}, {rng.stop}) exceeds {total} elements of shape {shape}")
+    if rng.is_empty():
+        return []
+    if not shape:
+        return [(rng, Box((), ()))]
+    out: list[tuple[FlatRange, Box]] = []
+    pos = rng.start
+    while pos < rng.stop:
+        coords = unravel(pos, shape)
+        # Largest aligned block starting at pos: extend over trailing dims whose
+        # coordinate is 0 while the block still fits inside the range.
+        stride = 1
+        dim = len(shape) - 1
+        while dim > 0 and coords[dim] == 0 and pos + stride * shape[dim] <= rng.stop:
+            stride *= shape[dim]
+            dim -= 1
+        # Along `dim`, take as many stride-blocks as fit in the range and the row.
+        count = min((rng.stop - pos) // stride, shape[dim] - coords[dim])
+        sizes = (1,) * dim + (count,) + tuple(shape[dim + 1 :])
+        box = Box(coords, sizes)
+        out.append((FlatRange(pos, pos + count * stride), box))
+        pos += count * stride
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A box of a tensor stored as one contiguous run of a region's storage.
+
+    ``span`` is that run's element range *within the region's own storage*
+    (None for a box region, whose storage is the box itself); the storage run
+    is viewed with shape ``box.sizes``.
+    """
+
+    box: Box
+    span: FlatRange | None
+
+
+def region_pieces(region: Region, shape: Sequence[int]) -> list[Piece]:
+    """Decompose a region of a ``shape`` tensor into pieces (see :class:`Piece`)."""
+    if isinstance(region, Box):
+        if len(region.offsets) != len(shape) or not Box.full(shape).contains(region):
+            raise ValueError(f"box {region} does not fit in shape {tuple(shape)}")
+        return [] if region.is_empty() else [Piece(region, None)]
+    pieces = []
+    for span, box in flat_to_boxes(region, shape):
+        pieces.append(Piece(box, FlatRange(span.start - region.start, span.stop - region.start)))
+    return pieces
+
+
+@dataclass(frozen=True)
+class CopyOp:
+    """Copy ``overlap`` (logical coordinates) from a source region into a target region.
+
+    ``source`` indexes the source list given to :func:`plan_overlaps`;
+    ``src``/``dst`` are the pieces of source and target that hold the overlap.
+    """
+
+    source: int
+    src: Piece
+    dst: Piece
+    overlap: Box
+
+
+def plan_overlaps(sources: Sequence[Region], target: Region, shape: Sequence[int]) -> list[CopyOp]:
+    """Every copy needed to fill ``target`` from ``sources``, all regions of one ``shape`` tensor.
+
+    Only sources that overlap the target produce operations, so an executor
+    reads only the bytes it needs. Overlaps are listed in target order.
+    """
+    target_pieces = region_pieces(target, shape)
+    ops: list[CopyOp] = []
+    for index, source in enumerate(sources):
+        if isinstance(source, FlatRange) and isinstance(target, FlatRange) and source.intersect(target) is None:
+            continue
+        for sp in region_pieces(source, shape):
+            for tp in target_pieces:
+                overlap = sp.box.intersect(tp.box)
+                if overlap is not None:
+                    ops.append(CopyOp(index, sp, tp, overlap))
+    return ops
+
+
+def coverage_gaps(regions: Iterable[Region], shape: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
+    """Check that ``regions`` tile a ``shape`` tensor exactly once.
+
+    Returns ``(uncovered_elements, overlapping_pairs)`` where the pairs index
+    regions that share elements. ``(0, [])`` means exact coverage. Runs on
+    element counts and pairwise intersections, never on an element mask, so it
+    is cheap for huge tensors.
+    """
+    regions = list(regions)
+    pieces = [(i, p.box) for i, r in enumerate(regions) for p in region_pieces(r, shape)]
+    overlaps: list[tuple[int, int]] = []
+    # Sort by first offset so the pairwise scan can stop early along dim 0.
+    pieces.sort(key=lambda ib: ib[1].offsets[:1])
+    for a in range(len(pieces)):
+        ia, ba = pieces[a]
+        for b in range(a + 1, len(pieces)):
+            ib, bb = pieces[b]
+            if ba.ndim and bb.offsets[0] >= ba.stops[0]:
+                break
+            if ia != ib and ba.intersect(bb) is not None:
+                overlaps.append((min(ia, ib), max(ia, ib)))
+    covered = sum(r.numel for r in regions)
+    total = math.prod(shape)
+    uncovered = total - covered if not overlaps else max(0, total - _union_numel([b for _, b in pieces]))
+    return uncovered, sorted(set(overlaps))
+
+
+def _union_numel(boxes: list[Box]) -> int:
+    """Elements in the union of boxes, by coordinate compression (only used when boxes overlap)."""
+    if not boxes:
+        return 0
+    ndim = boxes[0].ndim
+    if ndim == 0:
+        return 1
+    cuts = [sorted({c for b in boxes for c in (b.offsets[d], b.stops[d])}) for d in range(ndim)]
+    total = 0
+
+    def walk(dim: int, active: list[Box], volume: int) -> None:
+        nonlocal total
+        if dim == ndim:
+            total += volume if active else 0
+            return
+        for lo, hi in zip(cuts[dim], cuts[dim][1:]):
+            inside = [b for b in active if b.offsets[dim] <= lo and hi <= b.stops[dim]]
+            if inside:
+                walk(dim + 1, inside, volume * (hi - lo))
+
+    walk(0, boxes, 1)
+    return total
+
+
+def split_evenly(size: int, parts: int, index: int) -> tuple[int, int]:
+    """``(offset, length)`` of part ``index`` when ``size`` is split into ``parts``.
+
+    Uneven splits give the first ``size % parts`` parts one extra element, the
+    convention of torch.chunk-free "balanced" splitting::
+
+        >>> [split_evenly(10, 4, i) for i in range(4)]
+        [(0, 3), (3, 3), (6, 2), (8, 2)]
+    """
+    base, extra = divmod(size, parts)
+    offset = index * base + min(index, extra)
+    return offset, base + (1 if index < extra else 0)

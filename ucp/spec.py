@@ -1,0 +1,124 @@
+"""How one rank's local tensors map onto logical tensors: the fragment map.
+
+This is the seam between whoever knows the parallel layout (an explicit spec
+written by hand, DTensor placements, or a compiled UCL program) and the
+checkpoint engine, which only moves bytes. Plain frozen dataclasses, so the
+compiler that produces them and the engine that consumes them are tested apart.
+
+A local tensor (addressed by its *key*, the ``/``-joined path in the nested
+state, e.g. ``"model/layers.0.attn.qkv.weight"``) holds one or more
+:class:`ShardPiece` s; each piece is a region of the local tensor that equals a
+region of one logical tensor. Parts of a local tensor that no piece names
+(vocabulary padding, ZeRO alignment padding) are not saved, and are left
+untouched on load.
+
+Example: rank 1 of tp=2 holds rows 4..7 of an 8x3 column-parallel weight::
+
+    >>> spec = TensorSpec(
+    ...     key="model/fc.weight",
+    ...     pieces=(ShardPiece("fc.weight", local=Box((0, 0), (4, 3)), target=Box((4, 0), (4, 3))),),
+    ... )
+    >>> fmap = FragmentMap(rank=1, logical={"fc.weight": LogicalTensor("fc.weight", (8, 3), "float32")},
+    ...                    tensors={spec.key: spec})
+    >>> fmap.validate()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ucp.errors import LayoutError
+from ucp.geometry import Box, FlatRange, Region
+
+# A replicated piece is split among its replicas for writing only above this
+# many bytes; smaller ones are written whole by one replica chosen by name hash.
+SPREAD_MIN_BYTES = 1 << 20
+
+REPLICA_POLICIES = ("check-equal", "take-first", "average")
+
+
+@dataclass(frozen=True)
+class LogicalTensor:
+    """A whole, un-parallelised tensor: the unit a checkpoint is loaded by."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without "torch.", e.g. "bfloat16"
+
+
+@dataclass(frozen=True)
+class ShardPiece:
+    """A region of a local tensor equal to a region of logical tensor ``logical``.
+
+    ``local`` and ``target`` must be the same kind: two boxes of equal sizes
+    (the local box is over the local tensor's shape, the target box over the
+    logical shape) or two flat ranges of equal length (over the row-major
+    flattenings).
+    """
+
+    logical: str
+    local: Region
+    target: Region
+
+    def __post_init__(self) -> None:
+        if isinstance(self.local, Box) and isinstance(self.target, Box):
+            if self.local.sizes != self.target.sizes:
+                raise LayoutError(
+                    f"piece of {self.logical!r}: local box {self.local} and target box {self.target} differ in size"
+                )
+        elif isinstance(self.local, FlatRange) and isinstance(self.target, FlatRange):
+            if self.local.numel != self.target.numel:
+                raise LayoutError(
+                    f"piece of {self.logical!r}: local {self.local} and target {self.target} differ in length"
+                )
+        else:
+            raise LayoutError(
+                f"piece of {self.logical!r}: local and target regions must both be boxes or both flat ranges"
+            )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """All pieces of one local tensor, and how it is replicated.
+
+    ``replica``/``replicas``: this rank is replica ``replica`` of ``replicas``
+    ranks holding the same pieces (e.g. the dp ranks of a non-ZeRO weight).
+    Each piece is written once in total: large ones split among the replicas,
+    small ones by one replica. ``policy`` says what happens when replicas differ
+    (checked only where a process group is available).
+    """
+
+    key: str
+    pieces: tuple[ShardPiece, ...]
+    replica: int = 0
+    replicas: int = 1
+    policy: str = "check-equal"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.replica < self.replicas:
+            raise LayoutError(f"tensor {self.key!r}: replica {self.replica} not in [0, {self.replicas})")
+        if self.policy not in REPLICA_POLICIES:
+            raise LayoutError(f"tensor {self.key!r}: replica policy {self.policy!r} is not one of {REPLICA_POLICIES}")
+
+
+@dataclass(frozen=True)
+class FragmentMap:
+    """One rank's mapping: logical tensors it touches and the spec of each local tensor."""
+
+    rank: int
+    logical: dict[str, LogicalTensor]
+    tensors: dict[str, TensorSpec] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check that every piece names a known logical tensor and fits in it."""
+        from ucp.geometry import region_pieces
+
+        for spec in self.tensors.values():
+            for piece in spec.pieces:
+                if piece.logical not in self.logical:
+                    raise LayoutError(f"tensor {spec.key!r} maps onto unknown logical tensor {piece.logical!r}")
+                shape = self.logical[piece.logical].shape
+                try:
+                    region_pieces(piece.target, shape)
+                except ValueError as err:
+                    raise LayoutError(f"tensor {spec.key!r} -> {piece.logical!r}: {err}") from None
