@@ -1,0 +1,18 @@
+"""Cluster log analysis: failure taxonomy mining, incidents, lemon nodes and MTTF.
+
+The entry point is :func:`analyze_logs`; the command line is ``ucp logs analyze``
+(docs/LOGS.md). Nothing here imports torch.
+
+Example::
+
+    from reliability.logs import analyze_logs
+    result = analyze_logs(["/var/log/slurm", "kern.log.gz"])
+    print(result.rates["failures_per_1000_node_days"], len(result.incidents))
+"""
+
+from reliability.logs.analyze import AnalysisOptions, LogAnalysis, analyze_logs
+from reliability.logs.errors import LogInputError, TaxonomyError, TemplateStateError
+from reliability.logs.taxonomy import Taxonomy, load_taxonomy
+
+__all__ = ["AnalysisOptions", "LogAnalysis", "analyze_logs", "LogInputError", "TaxonomyError",
+           "TemplateStateError", "Taxonomy", "load_taxonomy"]

@@ -1,0 +1,282 @@
+"""Readers: take a log line apart into timestamp, node, job and message, auto-detecting the format.
+
+A line is an *envelope* (the framing a logging system adds: syslog, Slurm's
+``[ISO]``, Python logging, dmesg, loghub's HPC and Thunderbird columns,
+OpenStack, Kubernetes event JSON) around a *message*. Each envelope is one
+compiled regex; the reader tries the envelope that matched the file's previous
+line first, so detection costs one regex per line in the common case. Fields
+the envelope lacks (a node named inside a Slurm or NCCL message, a job id)
+are then looked for in the message. A line that fits no envelope keeps its
+whole text as the message and inherits the file's last timestamp and node,
+which is what a traceback's continuation lines need.
+
+Example::
+
+    reader = LineReader(default_year=2024)
+    ts, node, job, message, source = reader.parse("kern.log", 1,
+        "Jun 14 15:16:01 gpu-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, ...")
+    assert (node, source) == ("gpu-07", "syslog")
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+
+from reliability.logs.records import InputCounters, LogRecord
+
+_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+_ISO = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_ISO_PARTS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?$")
+
+ENVELOPES: list[tuple[str, re.Pattern]] = [
+    # loghub HPC: "<id> <node> <component> <event> <epoch> <flag> <message>"
+    ("hpc", re.compile(r"(\d+) (\S+) (\S+) (\S+) (\d{9,10}) (-?\d+) (.*)")),
+    # loghub Thunderbird: "<label> <epoch> <yyyy.mm.dd> <node> <Mon d hh:mm:ss> <node/node> <message>"
+    ("thunderbird", re.compile(r"(\S+) (\d{9,10}) \d{4}\.\d\d\.\d\d (\S+) \w{3} +\d+ \d\d:\d\d:\d\d \S+ (.*)")),
+    # Slurm slurmctld/slurmd: "[2024-05-01T12:00:00.123] message"
+    ("slurm", re.compile(r"\[(" + _ISO + r")\] (.*)")),
+    # OpenStack (loghub): "<file> <yyyy-mm-dd hh:mm:ss.mmm> <pid> <LEVEL> <message>"
+    ("openstack", re.compile(r"\S+\.log\S* (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) \d+ (\w+ .*)")),
+    # ISO-stamped: rsyslog high precision, Python logging, torchrun ("[ts] msg" or "ts msg")
+    ("iso", re.compile(r"\[?(" + _ISO + r")\]?:? +(.*)")),
+    # classic syslog / kern.log: "Jun 14 15:16:01 host message"
+    ("syslog", re.compile(r"(\w{3}) +(\d{1,2}) (\d\d:\d\d:\d\d) (\S+) (.*)")),
+    # dmesg -T: "[Mon Jun 14 15:16:01 2024] message"
+    ("dmesg", re.compile(r"\[\w{3} (\w{3}) +(\d{1,2}) (\d\d:\d\d:\d\d) (\d{4})\] (.*)")),
+    # plain dmesg: "[  123.456789] message" (seconds since boot: no wall-clock time)
+    ("dmesg-relative", re.compile(r"\[ *\d+\.\d+\] (.*)")),
+    # Kubernetes event JSON, one object per line
+    ("kubernetes", re.compile(r"(\{.*\})\s*")),
+]
+
+# Which first characters (digit "0", letter "a", else itself) each envelope can start with; None: any.
+_FIRST_CHARS: dict[str, str | None] = {
+    "hpc": "0", "thunderbird": None, "slurm": "[", "openstack": "a0", "iso": "0[",
+    "syslog": "a", "dmesg": "[", "dmesg-relative": "[", "kubernetes": "{",
+}
+
+# "host:pid:tid [dev] NCCL WARN ..." names the host; so does "[rank3]:[E ...]" context.
+_NCCL_HOST = re.compile(r"(?:\[rank\d+\]:)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\]")
+_MSG_NODE = re.compile(r"(?:\b[Nn]odes? |\bnode=|NodeList=|failure of node |[Hh]ost(?:name)?[=: ]+)([A-Za-z][\w-]*\d[\w.-]*)")
+_MSG_JOB = re.compile(r"(?:JobId=|[Jj]ob[ _]?[Ii][Dd][=: ]+|SLURM_JOB_ID=|\b[Jj]ob |\bStepId=)(\d+)")
+_PATH_JOB = re.compile(r"(?:slurm|job)[-_]?(\d+)", re.IGNORECASE)
+_SYSLOG_TAG = re.compile(r"[\w./()-]+(?:\[\d+\])?:")
+
+
+def _utc(year: int, month: int, day: int, hour: int, minute: int, second: int) -> float:
+    return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+
+
+class LineReader:
+    """Parses lines into ``(timestamp, node, job, message, source)`` with per-file context.
+
+    One instance per analysis run; it remembers, per file, the envelope that
+    matched last and the last timestamp and node seen (for continuation lines).
+    ``default_year`` fills in syslog stamps, which carry none.
+    """
+
+    def __init__(self, *, default_year: int | None = None, counters: InputCounters | None = None):
+        self.default_year = default_year or datetime.now(timezone.utc).year
+        self.counters = counters if counters is not None else InputCounters()
+        self._day_cache: dict[tuple[int, int, int], float | None] = {}
+        self._file: str | None = None
+        self._file_job: str | None = None
+        self._last_ts: float | None = None
+        self._last_node: str | None = None
+        # Candidate envelopes by the line's first character, most recently matched first.
+        self._orders: dict[str, list[int]] = {}
+        self._handlers: list[Callable] = [getattr(self, "_env_" + name.replace("-", "_")) for name, _ in ENVELOPES]
+
+    # -- timestamps (cached: logs repeat the same second many times) -----------------
+    def _day(self, year: int, month: int, day: int) -> float | None:
+        key = (year, month, day)
+        base = self._day_cache.get(key, -1.0)
+        if base == -1.0:
+            try:
+                datetime(year, month, day)  # validates the calendar date
+                base = _utc(year, month, day, 0, 0, 0)
+            except ValueError:
+                base = None
+            if len(self._day_cache) > 100_000:
+                self._day_cache.clear()
+            self._day_cache[key] = base
+        return base
+
+    def _iso(self, text: str) -> float | None:
+        # Midnight of each date is cached; the time of day is integer slicing.
+        # A stamp in a random order (merged logs) then costs no datetime parse.
+        try:
+            base = self._day(int(text[0:4]), int(text[5:7]), int(text[8:10]))
+            hour, minute, second = int(text[11:13]), int(text[14:16]), int(text[17:19])
+        except ValueError:
+            return None
+        if base is None or hour > 23 or minute > 59 or second > 60:
+            return None
+        ts = base + hour * 3600 + minute * 60 + second
+        tail = text[19:]
+        if not tail:
+            return ts
+        if tail[0] in ".," and tail[1:].isdigit():  # the common case, without a regex
+            return ts + float("0." + tail[1:])
+        m = _ISO_PARTS.match(text)
+        if m is None:
+            return None
+        if m.group(7):
+            ts += float("0." + m.group(7)[1:])
+        tz = m.group(8)
+        if tz and tz != "Z":
+            sign = -1 if tz[0] == "+" else 1  # 10:00+02:00 is 08:00 UTC
+            digits = tz[1:].replace(":", "")
+            ts += sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
+        return ts
+
+    def _month_day(self, mon: str, day: str, hms: str, year: int) -> float | None:
+        month = _MONTHS.get(mon)
+        if month is None:
+            return None
+        try:
+            base = self._day(year, month, int(day))
+            hour, minute, second = int(hms[0:2]), int(hms[3:5]), int(hms[6:8])
+        except ValueError:
+            return None
+        if base is None or hour > 23 or minute > 59 or second > 60:
+            return None
+        return base + hour * 3600 + minute * 60 + second
+
+    # -- envelopes: each returns (timestamp, node, message) or None --------------------
+    def _env_hpc(self, m):
+        return float(m.group(5)), m.group(2), f"{m.group(3)} {m.group(4)} {m.group(7)}"
+
+    def _env_thunderbird(self, m):
+        return float(m.group(2)), m.group(3), m.group(4)
+
+    def _env_slurm(self, m):
+        return self._iso(m.group(1)), None, m.group(2)
+
+    def _env_openstack(self, m):
+        return self._iso(m.group(1)), None, m.group(2)
+
+    def _env_iso(self, m):
+        rest = m.group(2)
+        host, _, after = rest.partition(" ")
+        # rsyslog: "ts host tag: msg"; Python logging: "ts LEVEL msg" (no host)
+        if after and _SYSLOG_TAG.match(after) and not host.isupper():
+            return self._iso(m.group(1)), host, after
+        return self._iso(m.group(1)), None, rest
+
+    def _env_syslog(self, m):
+        if m.group(1) not in _MONTHS:
+            return None
+        ts = self._month_day(m.group(1), m.group(2), m.group(3), self.default_year)
+        return ts, m.group(4), m.group(5)
+
+    def _env_dmesg(self, m):
+        return self._month_day(m.group(1), m.group(2), m.group(3), int(m.group(4))), None, m.group(5)
+
+    def _env_dmesg_relative(self, m):
+        return False, None, m.group(1)
+
+    def _env_kubernetes(self, m):
+        try:
+            obj = json.loads(m.group(1))
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or not ("reason" in obj or obj.get("kind") == "Event"):
+            return None
+        involved = obj.get("involvedObject") or {}
+        meta = obj.get("metadata") or {}
+        stamp = obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp") \
+            or meta.get("creationTimestamp")
+        ts = self._iso(str(stamp)) if stamp else False
+        node = (obj.get("source") or {}).get("host")
+        if involved.get("kind") == "Node":
+            node = involved.get("name") or node
+        message = f"{obj.get('reason', '')}: {obj.get('message', '')} ({involved.get('kind', '')})"
+        return ts, node, message
+
+    # -- the public surface ------------------------------------------------------------
+    def _start_file(self, file: str) -> None:
+        self._file = file
+        m = _PATH_JOB.search(file)
+        self._file_job = m.group(1) if m else None
+        self._last_ts = None
+        self._last_node = None
+
+    def _order_for(self, first: str) -> list[int]:
+        # Characters of one class share one list, so move-to-front learns per class.
+        key = "0" if first.isdigit() else ("a" if first.isalpha() else first)
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = [i for i, (name, _) in enumerate(ENVELOPES)
+                                         if _FIRST_CHARS[name] is None or key in _FIRST_CHARS[name]]
+        self._orders[first] = order
+        return order
+
+    def parse(self, file: str, lineno: int, text: str):
+        """``(timestamp, node, job, message, source)`` for one line of ``file``."""
+        if file != self._file:
+            self._start_file(file)
+        result = None
+        source = "generic"
+        first = text[:1]
+        order = self._orders.get(first)
+        if order is None:
+            order = self._order_for(first)
+        for i, idx in enumerate(order):
+            m = ENVELOPES[idx][1].fullmatch(text)
+            if m is not None:
+                result = self._handlers[idx](m)
+                if result is not None:
+                    source = ENVELOPES[idx][0]
+                    if i:  # this format first next time
+                        order.insert(0, order.pop(i))
+                    break
+        counters = self.counters
+        if result is None:
+            ts, node, message = self._last_ts, self._last_node, text
+        else:
+            ts, node, message = result
+            if ts is None:
+                counters.bad_timestamp += 1
+                ts = self._last_ts
+            elif ts is False:
+                ts = self._last_ts
+            else:
+                self._last_ts = ts
+        if ts is None:
+            counters.no_timestamp += 1
+        if node is None or source == "slurm":
+            m = _NCCL_HOST.match(message)
+            if m is None and ("node" in message or "Node" in message or "ost" in message):
+                m = _MSG_NODE.search(message)
+            if m is not None:
+                node = m.group(1)
+            elif node is None:
+                node = self._last_node
+        if node is not None and source != "slurm":
+            self._last_node = node
+        job = self._file_job
+        if "ob" in message or "tepId" in message or "JOB_ID" in message:
+            m = _MSG_JOB.search(message)
+            if m is not None:
+                job = m.group(1)
+        return ts, node, job, message, source
+
+
+def parse_lines(lines: Iterable[tuple[str, int, str]], *, default_year: int | None = None,
+                counters: InputCounters | None = None) -> Iterator[LogRecord]:
+    """:class:`LogRecord` for each ``(file, line, text)``; convenient, slower than the raw tuples.
+
+    >>> recs = list(parse_lines([("x.log", 1, "[2024-05-01T00:00:00] error: Nodes gpu-3 not responding")]))
+    >>> (recs[0].node, recs[0].source)
+    ('gpu-3', 'slurm')
+    """
+    reader = LineReader(default_year=default_year, counters=counters)
+    for file, lineno, text in lines:
+        ts, node, job, message, source = reader.parse(file, lineno, text)
+        yield LogRecord(file=file, line=lineno, timestamp=ts, node=node, job=job,
+                        message=message, source=source)

@@ -1,0 +1,82 @@
+"""Plain data that flows through log analysis: one parsed line, counters of bad input.
+
+Example::
+
+    rec = LogRecord(file="kern.log", line=3, timestamp=1.7e9, node="gpu-07",
+                    job=None, message="NVRM: Xid (PCI:0000:3b:00): 79, ...", source="syslog")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One log line after a reader took it apart.
+
+    ``timestamp`` is POSIX seconds (UTC) or None when the line and its file
+    gave none; ``line`` is 1-based; ``source`` names the reader that matched.
+    """
+
+    file: str
+    line: int
+    timestamp: float | None
+    node: str | None
+    job: str | None
+    message: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The taxonomy's verdict on one template: a category path and how it was reached."""
+
+    category: str  # "hardware/gpu/xid-79", "normal" or "unclassified"
+    confidence: float
+    method: str  # "rule", "template", "model" or "threshold"
+
+    @property
+    def is_failure(self) -> bool:
+        return self.category not in ("normal", "unclassified")
+
+
+@dataclass(frozen=True)
+class Event:
+    """A failure-related line: what the JSON report lists under ``events``."""
+
+    file: str
+    line: int
+    timestamp: float | None
+    node: str | None
+    job: str | None
+    category: str
+    template_id: int
+    confidence: float
+    message: str
+    incident_id: int | None = None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class InputCounters:
+    """Mutable tallies of what the input stage saw, skipped or repaired.
+
+    Mutable on purpose: the streaming reader bumps these per line, and a
+    frozen copy per line would cost more than the parsing itself.
+    """
+
+    files: int = 0
+    lines: int = 0
+    binary_skipped: int = 0
+    truncated: int = 0
+    encoding_fallback: int = 0
+    bad_timestamp: int = 0
+    no_timestamp: int = 0
+    empty: int = 0
+    unreadable_files: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,184 @@
+"""The failure taxonomy: a data file of categories, rules and labeled examples.
+
+``reliability/data/taxonomy.json`` maps regex patterns and drain3-style
+templates to category paths (``domain/category/subcategory``) and carries the
+labeled examples the fallback classifier learns from. A user file given with
+``--taxonomy`` is merged on top: its rules are tried first (so it can
+override), its examples are added, and new categories are created. The file
+format is documented in docs/LOGS.md.
+
+Example::
+
+    taxonomy = load_taxonomy(extra="site-taxonomy.json")
+    taxonomy.match_rule("NVRM: Xid (PCI:0000:3b:00): 79, pid=7, GPU has fallen off the bus.")
+    # -> "hardware/gpu/xid-79"
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from importlib import resources
+
+from reliability.logs.errors import TaxonomyError
+
+NORMAL = "normal"
+UNCLASSIFIED = "unclassified"
+DEFAULT_ROOT_CAUSE_ORDER = ("hardware", "infra", "user", "software")
+
+
+@dataclass(frozen=True)
+class Category:
+    """One taxonomy entry; ``symptom`` marks a follower in cascades (e.g. NCCL timeouts)."""
+
+    path: str
+    description: str
+    patterns: tuple[str, ...]
+    templates: tuple[str, ...]
+    examples: tuple[str, ...]
+    symptom: bool = False
+    fatal: bool = True
+
+    @property
+    def domain(self) -> str:
+        return self.path.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    """Categories in rule order plus settings; build it with :func:`load_taxonomy`."""
+
+    categories: tuple[Category, ...]
+    confidence_threshold: float
+    root_cause_order: tuple[str, ...]
+    rules: tuple[tuple[re.Pattern, str], ...]
+    template_rules: tuple[tuple[re.Pattern, str], ...]
+
+    @cached_property
+    def _by_path(self) -> dict[str, Category]:
+        return {c.path: c for c in self.categories}
+
+    def category(self, path: str) -> Category | None:
+        return self._by_path.get(path)
+
+    def match_rule(self, message: str) -> str | None:
+        """The category of the first regex pattern that matches the raw message."""
+        for pattern, path in self.rules:
+            if pattern.search(message):
+                return path
+        return None
+
+    def match_template(self, masked: str) -> str | None:
+        """The category of the first taxonomy template that matches the masked message."""
+        for pattern, path in self.template_rules:
+            if pattern.search(masked):
+                return path
+        return None
+
+    def is_symptom(self, path: str) -> bool:
+        cat = self.category(path)
+        return bool(cat and cat.symptom)
+
+    def is_fatal(self, path: str) -> bool:
+        """Whether an incident rooted in ``path`` counts as a failure for MTTF (default yes)."""
+        cat = self.category(path)
+        return cat.fatal if cat is not None else True
+
+    def root_rank(self, path: str) -> int:
+        """Lower ranks win root cause: hardware before infra before user before software."""
+        domain = path.split("/", 1)[0]
+        order = self.root_cause_order
+        return order.index(domain) if domain in order else len(order)
+
+    def labeled_examples(self) -> list[tuple[str, str]]:
+        return [(ex, c.path) for c in self.categories for ex in c.examples]
+
+
+def _template_regex(template: str) -> str:
+    parts = [re.escape(p) for p in template.split("<*>")]
+    return ".*?".join(parts)
+
+
+def _read_json(text: str, origin: str) -> dict:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TaxonomyError(f"{origin}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("categories"), dict):
+        raise TaxonomyError(f"{origin}: expected an object with a \"categories\" object (see docs/LOGS.md)")
+    return data
+
+
+def _check_entry(path: str, entry: object, origin: str) -> dict:
+    if not re.fullmatch(r"[a-z0-9_.-]+(?:/[a-z0-9_.-]+){0,2}", path):
+        raise TaxonomyError(f"{origin}: category {path!r}: expected domain/category/subcategory "
+                            "in lower case, e.g. 'hardware/gpu/xid-79'")
+    if not isinstance(entry, dict):
+        raise TaxonomyError(f"{origin}: category {path!r}: expected an object")
+    for key in ("patterns", "templates", "examples"):
+        value = entry.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise TaxonomyError(f"{origin}: category {path!r}: {key!r} must be a list of strings")
+    for pattern in entry.get("patterns", []):
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise TaxonomyError(f"{origin}: category {path!r}: bad pattern {pattern!r}: {err}") from err
+    return entry
+
+
+def load_taxonomy(*, extra: str | None = None, base: str | None = None) -> Taxonomy:
+    """The built-in taxonomy (or ``base``), with the JSON file ``extra`` merged on top."""
+    if base is None:
+        text = resources.files("reliability").joinpath("data/taxonomy.json").read_text("utf-8")
+        origin = "reliability/data/taxonomy.json"
+    else:
+        text, origin = _read_file(base), base
+    data = _read_json(text, origin)
+    merged: dict[str, dict] = {p: _check_entry(p, e, origin) for p, e in data["categories"].items()}
+    settings = dict(data.get("settings", {}))
+    user_first: list[str] = []
+    if extra is not None:
+        user = _read_json(_read_file(extra), extra)
+        settings.update(user.get("settings", {}))
+        for path, entry in user["categories"].items():
+            entry = _check_entry(path, entry, extra)
+            user_first.append(path)
+            old = merged.get(path, {})
+            merged[path] = {
+                "description": entry.get("description", old.get("description", "")),
+                "patterns": entry.get("patterns", []) + old.get("patterns", []),
+                "templates": entry.get("templates", []) + old.get("templates", []),
+                "examples": old.get("examples", []) + entry.get("examples", []),
+                "symptom": entry.get("symptom", old.get("symptom", False)),
+                "fatal": entry.get("fatal", old.get("fatal", True)),
+            }
+    categories = tuple(
+        Category(path=p, description=e.get("description", ""), patterns=tuple(e.get("patterns", [])),
+                 templates=tuple(e.get("templates", [])), examples=tuple(e.get("examples", [])),
+                 symptom=bool(e.get("symptom", False)), fatal=bool(e.get("fatal", True)))
+        for p, e in merged.items()
+    )
+    ordered = [c for p in user_first for c in categories if c.path == p] + \
+              [c for c in categories if c.path not in user_first]
+    threshold = settings.get("confidence_threshold", 0.6)
+    if not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise TaxonomyError(f"{origin}: settings.confidence_threshold must be a number in [0, 1], "
+                            f"got {threshold!r}")
+    return Taxonomy(
+        categories=categories,
+        confidence_threshold=float(threshold),
+        root_cause_order=tuple(settings.get("root_cause_order", DEFAULT_ROOT_CAUSE_ORDER)),
+        rules=tuple((re.compile(p), c.path) for c in ordered for p in c.patterns),
+        template_rules=tuple((re.compile(_template_regex(t)), c.path) for c in ordered for t in c.templates),
+    )
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError as err:
+        raise TaxonomyError(f"taxonomy file {path!r} does not exist") from err

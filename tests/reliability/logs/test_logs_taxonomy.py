@@ -1,0 +1,131 @@
+"""Taxonomy rules, user taxonomies, the fallback classifier and incremental drain3 state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reliability.logs.analyze import TemplateJudge
+from reliability.logs.classifier import TemplateClassifier
+from reliability.logs.errors import TaxonomyError, TemplateStateError
+from reliability.logs.masking import mask
+from reliability.logs.taxonomy import load_taxonomy
+from reliability.logs.templates import TemplateStore
+
+
+@pytest.fixture(scope="module")
+def taxonomy():
+    return load_taxonomy()
+
+
+@pytest.mark.parametrize("message, category", [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", "hardware/gpu/xid-79"),
+    ("NVRM: Xid (PCI:0000:1a:00): 48, pid=9, An uncorrectable double bit error (DBE) has been detected on GPU.", "hardware/gpu/xid-48"),
+    ("NVRM: Xid (PCI:0000:41:00): 63, pid=1, Row Remapper: New row marked for remapping", "hardware/gpu/row-remap"),
+    ("NVRM: Xid (PCI:0000:5e:00): 74, pid=3, NVLink: fatal error detected on link 6", "hardware/network/nvlink"),
+    ("NVRM: Xid (PCI:0000:5e:00): 13, pid=3, Graphics SM Warp Exception", "user/cuda/xid-app-fault"),
+    ("NVRM: Xid (PCI:0000:5e:00): 119, pid=3, Timeout waiting for RPC from GSP", "hardware/gpu/xid-other"),
+    ("mlx5_core 0000:0c:00.0 ib2: Link down", "hardware/network/ib-link"),
+    ("pcieport 0000:00:03.1: AER: Multiple Uncorrected (Fatal) error received: 0000:3b:00.0", "hardware/pcie/aer"),
+    ("mce: [Hardware Error]: CPU 12: Machine Check: 0 Bank 7: cc00008000010090", "hardware/cpu/mce"),
+    ("CPU17: Package temperature above threshold, cpu clock throttled (total events = 31)", "hardware/thermal"),
+    ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, "
+     "Timeout(ms)=600000) ran for 600123 milliseconds before timing out.", "software/nccl/timeout"),
+    ("gpu-1:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<5> with status=12", "software/nccl/remote-error"),
+    ("RuntimeError: [pair.cc:598] Connection reset by peer [10.0.0.4]:4242 (gloo)", "software/nccl/connection-reset"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "user/oom/cuda-oom"),
+    ("Out of memory: Killed process 8812 (python) total-vm:1kB", "user/oom/host-oom"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "software/cuda/illegal-memory-access"),
+    ("step 4200: loss is NaN", "user/training/nan-loss"),
+    ("_job_complete: JobId=81122 PREEMPTED", "infra/preemption"),
+    ("job_complete: JobId=5521 NODE_FAIL", "infra/slurm/node-fail"),
+    ("Time limit exhausted for JobId=3212", "infra/slurm/timeout"),
+    ("_job_complete: JobId=6001 WTERMSIG 9", "infra/slurm/job-killed"),
+    ("LustreError: 11-0: scratch-OST0004-osc: operation ost_write failed: rc = -107", "infra/filesystem/lustre"),
+    ("nfs: server nas02 not responding, still trying", "infra/filesystem/nfs"),
+    ("blk_update_request: I/O error, dev nvme1n1, sector 1835008", "infra/filesystem/io-error"),
+    ("BackOff: Back-off restarting failed container trainer in pod w-3 (Pod)", "infra/kubernetes/pod-failure"),
+    ("gpu-1:1:2 [0] NCCL INFO Connected all rings", "normal"),
+    ("_job_complete: JobId=6001 WEXITSTATUS 0", None),
+])
+def test_rules_give_exact_categories(taxonomy, message, category):
+    assert taxonomy.match_rule(message) == category
+
+
+def test_masked_lines_keep_decisive_numbers():
+    assert mask("NVRM: Xid (PCI:0000:3b:00): 79, pid=1") != mask("NVRM: Xid (PCI:0000:3b:00): 48, pid=1")
+    assert mask("gpu-a01 pid=17") == mask("gpu-b99 pid=123456")
+
+
+def test_classifier_abstains_on_gibberish_and_keeps_normal_lines_normal(taxonomy):
+    model = TemplateClassifier.train(taxonomy)
+    assert not model.classify(mask("zqxj vvkw plorb 77")).is_failure
+    probs = model.probabilities(mask("GPU 3 encountered a fatal error"))
+    assert abs(probs.sum() - 1.0) < 1e-9
+    # The hand-rolled fast path is sklearn's predict_proba, exactly.
+    assert abs(probs - model._pipeline.predict_proba([mask("GPU 3 encountered a fatal error")])[0]).max() < 1e-9
+    strict = TemplateClassifier(model._pipeline, threshold=0.999)
+    verdict = strict.classify(mask("GPU 3 encountered a fatal error"))
+    assert (verdict.category, verdict.method) == ("unclassified", "threshold")
+    normal = model.classify(mask("systemd[1]: Started Session 12 of user carol."))
+    assert normal.category in ("normal", "unclassified")
+    assert not normal.is_failure
+
+
+def test_user_taxonomy_overrides_and_extends(tmp_path):
+    user = tmp_path / "site.json"
+    user.write_text(json.dumps({"categories": {
+        "hardware/gpu/xid-79": {"patterns": ["GPU went dark"], "examples": ["GPU went dark on slot 3"]},
+        "infra/scheduler/maintenance": {"patterns": ["drained for maintenance"],
+                                        "examples": ["node a drained for maintenance", "x drained for maintenance",
+                                                     "drained for maintenance window"]},
+    }, "settings": {"confidence_threshold": 0.9}}))
+    tax = load_taxonomy(extra=str(user))
+    assert tax.match_rule("GPU went dark on slot 3") == "hardware/gpu/xid-79"
+    assert tax.match_rule("gpu-4 drained for maintenance") == "infra/scheduler/maintenance"
+    assert tax.match_rule("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.") == "hardware/gpu/xid-79"
+    assert tax.confidence_threshold == 0.9
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", r"site.json:1:2: not valid JSON: Expecting property name enclosed in double quotes"),
+    ('{"cats": {}}', r'site.json: expected an object with a "categories" object \(see docs/LOGS.md\)'),
+    ('{"categories": {"Hardware GPU": {}}}', r"site.json: category 'Hardware GPU': expected domain/category/subcategory"),
+    ('{"categories": {"a/b": {"patterns": ["("]}}}', r"site.json: category 'a/b': bad pattern '\(': missing \), unterminated subpattern"),
+    ('{"categories": {}, "settings": {"confidence_threshold": 2}}', r"settings.confidence_threshold must be a number in \[0, 1\], got 2"),
+])
+def test_bad_taxonomy_files_say_what_is_wrong(tmp_path, content, message):
+    user = tmp_path / "site.json"
+    user.write_text(content)
+    with pytest.raises(TaxonomyError, match=message):
+        load_taxonomy(extra=str(user))
+
+
+def test_template_ids_survive_across_runs(tmp_path, taxonomy):
+    state = str(tmp_path / "templates.drain3")
+    run1 = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=11, GPU has fallen off the bus.",
+            "error: Nodes gpu-a01 not responding, setting DOWN",
+            "sshd[7]: Accepted publickey for alice from 10.0.0.5 port 22 ssh2"]
+    store = TemplateStore(state_path=state)
+    ids1 = {m: store.template_id(mask(m)) for m in run1}
+    store.save()
+    assert len(set(ids1.values())) == 3
+
+    store2 = TemplateStore(state_path=state)
+    assert store2.known_at_start == 3
+    # Same kinds of lines with other numbers/hosts, then a new kind.
+    again = ["NVRM: Xid (PCI:0000:86:00): 79, pid=99, GPU has fallen off the bus.",
+             "error: Nodes gpu-z77 not responding, setting DOWN"]
+    assert [store2.template_id(mask(m)) for m in again] == [ids1[run1[0]], ids1[run1[1]]]
+    new_id = store2.template_id(mask("LustreError: 11-0: scratch-OST0004: operation ost_write failed: rc = -107"))
+    assert new_id not in ids1.values()
+    judge = TemplateJudge(taxonomy, store2)
+    assert judge.judge(mask(run1[0]), run1[0])[:2] == (ids1[run1[0]], "hardware/gpu/xid-79")
+
+
+def test_corrupt_state_is_a_clear_error(tmp_path):
+    state = tmp_path / "bad.drain3"
+    state.write_bytes(b"this is not a drain3 state")
+    with pytest.raises(TemplateStateError, match=r"cannot load template state .*bad.drain3.*delete it to start afresh"):
+        TemplateStore(state_path=str(state))
