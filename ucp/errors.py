@@ -71,3 +71,7 @@ class UnsafeObjectError(UcpError, TypeError):
 
 class AsyncSaveError(UcpError, RuntimeError):
     """A background save failed; raised from its handle and from the next save."""
+
+
+class CheckpointExistsError(UcpError, FileExistsError):
+    """A committed checkpoint is already at the path and ``overwrite`` was not given."""

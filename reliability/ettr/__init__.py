@@ -1,0 +1,38 @@
+"""ETTR: the analytical model, a Monte-Carlo simulator, a live tracker and an adaptive save policy.
+
+Example::
+
+    >>> from reliability.ettr import JobReliability, expected_ettr
+    >>> job = JobReliability.from_per_1000_node_days(2000, 6.5, restart_s=300.0)
+    >>> round(expected_ettr(job, interval_s=300.0), 2)
+    0.93
+"""
+
+from reliability.ettr.adaptive import AdaptiveIntervalPolicy, failures_per_node_day_from_report, load_logs_report
+from reliability.ettr.model import (
+    ETTRInputError,
+    JobReliability,
+    closed_form_optimal_interval_s,
+    daly_interval_s,
+    expected_ettr,
+    optimal_interval_s,
+    young_interval_s,
+)
+from reliability.ettr.tracker import ETTRSummary, ETTRTracker, TrackerStateError, read_summary
+
+__all__ = [
+    "AdaptiveIntervalPolicy",
+    "ETTRInputError",
+    "ETTRSummary",
+    "ETTRTracker",
+    "JobReliability",
+    "TrackerStateError",
+    "closed_form_optimal_interval_s",
+    "daly_interval_s",
+    "expected_ettr",
+    "failures_per_node_day_from_report",
+    "load_logs_report",
+    "optimal_interval_s",
+    "read_summary",
+    "young_interval_s",
+]

@@ -1,0 +1,17 @@
+"""The examples in the docstrings of ucl's modules run and print what they say."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["ucl.bind", "ucl.check", "ucl.env", "ucl.expr", "ucl.flat", "ucl.parser", "ucl.pattern", "ucl.simulate"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,224 @@
+"""Benchmark: load-time resharding with ucp + UCL against torch.distributed.checkpoint (DCP).
+
+A >= 1 GiB state (matrices, half split along rows, half along columns) is
+saved by S processes and loaded into T processes, by both systems, in one run,
+with real gloo process groups. ucp saves each rank's shards with a UCL program
+and loads each target rank's shards with ``spec_for_load``; DCP saves DTensors
+and reshards them at load time with its default planner. Every target rank
+checks that both systems gave it identical tensors.
+
+    python tools/bench/ucl_reshard.py                   # 8 -> 4 and 4 -> 6, 1 GiB
+    python tools/bench/ucl_reshard.py --gib 0.25 --scenarios 4:2 --json
+
+Prints, per scenario and system: load time (slowest rank, median of
+``--repeats`` loads in the same processes), peak RSS of the largest rank and
+its growth during the loads, and ucp / DCP ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROWS, COLS = 6144, 3072  # divisible by 4, 6 and 8, so DCP (chunk) and UCL (split_evenly) agree on shards
+
+
+def program_text() -> str:
+    return ("ucl 1\n"
+            "tensor rows{i} -> rows{i}\n  split dim 0 over tp\n"
+            "tensor cols{i} -> cols{i}\n  split dim 1 over tp\n")
+
+
+def tensor_names(gib: float) -> list[str]:
+    count = max(2, math.ceil(gib * 2**30 / (ROWS * COLS * 4)))
+    return [f"{'rows' if i % 2 == 0 else 'cols'}{i}" for i in range(count)]
+
+
+def full_tensor(name: str) -> torch.Tensor:
+    # deterministic values per tensor; generated once per rank and sliced (cheap, no disk)
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.randn(ROWS, COLS, generator=g)
+
+
+def shard(name: str, world: int, rank: int, source: torch.Tensor | None = None) -> torch.Tensor:
+    t = full_tensor(name) if source is None else source
+    dim = 0 if name.startswith("rows") else 1
+    return t.chunk(world, dim=dim)[rank].contiguous()
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _save_worker(rank: int, world: int, port: int, names: list[str], ucp_dir: str, dcp_dir: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import ucp
+
+    _init(rank, world, port)
+    try:
+        local = {n: shard(n, world, rank) for n in names}
+        ucp.save(local, ucp_dir, program=program_text(), layout=f"tp={world}", rank=rank, world_size=world,
+                 checksums=True)
+        dist.barrier()
+        if rank == 0:
+            ucp.finalize(ucp_dir, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        state = {n: DTensor.from_local(t, mesh, [Shard(0 if n.startswith("rows") else 1)], run_check=False)
+                 for n, t in local.items()}
+        dcp.save(state, checkpoint_id=dcp_dir)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _load_worker(rank: int, world: int, port: int, names: list[str], system: str, path: str, out: str,
+                 repeats: int) -> None:
+    _init(rank, world, port)
+    try:
+        if system == "ucp":
+            import ucl
+            import ucp
+
+            logical = ucp.CheckpointReader(path).logical()
+            fmap = ucl.spec_for_load(program_text(), f"tp={world}", rank, logical)
+            into = {k: torch.empty(lt.shape, dtype=getattr(torch, lt.dtype)) for k, lt in ucl.local_shapes(fmap).items()}
+            before = _rss()
+            seconds = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                ucp.load(path, into=into, program=program_text(), layout=f"tp={world}", rank=rank)
+                seconds.append(time.perf_counter() - start)
+            result = into
+        else:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import DTensor, Shard
+
+            mesh = init_device_mesh("cpu", (world,))
+            state = {}
+            for n in names:
+                dim = 0 if n.startswith("rows") else 1
+                local_shape = (ROWS // world, COLS) if dim == 0 else (ROWS, COLS // world)
+                state[n] = DTensor.from_local(torch.empty(local_shape), mesh, [Shard(dim)], run_check=False,
+                                              shape=torch.Size((ROWS, COLS)), stride=(COLS, 1))
+            before = _rss()
+            seconds = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                dcp.load(state, checkpoint_id=path)
+                seconds.append(time.perf_counter() - start)
+            result = {n: t.to_local() for n, t in state.items()}
+        peak = _rss()
+        # correctness: compare with the expected shard of a spot-checked tensor
+        spot = names[rank % len(names)]
+        ok = torch.equal(result[spot], shard(spot, world, rank))
+        torch.save({n: t for n, t in result.items() if n == spot}, os.path.join(out, f"{system}-{rank}.pt"))
+        with open(os.path.join(out, f"{system}-{rank}.json"), "w") as fh:
+            json.dump({"seconds": seconds, "before": before, "peak": peak, "ok": ok,
+                       "bytes": sum(t.numel() * t.element_size() for t in result.values())}, fh)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_scenario(source: int, target: int, gib: float, workdir: str, repeats: int = 3) -> dict:
+    names = tensor_names(gib)
+    ucp_dir, dcp_dir = os.path.join(workdir, "ucp"), os.path.join(workdir, "dcp")
+    t0 = time.perf_counter()
+    mp.spawn(_save_worker, args=(source, _free_port(), names, ucp_dir, dcp_dir), nprocs=source, join=True)
+    save_seconds = time.perf_counter() - t0
+    rows = {}
+    for system, path in (("ucp", ucp_dir), ("dcp", dcp_dir)):
+        out = os.path.join(workdir, f"out-{system}")
+        os.makedirs(out, exist_ok=True)
+        mp.spawn(_load_worker, args=(target, _free_port(), names, system, path, out, repeats), nprocs=target,
+                 join=True)
+        ranks = [json.load(open(os.path.join(out, f"{system}-{r}.json"))) for r in range(target)]
+        rows[system] = {
+            # a load ends when its slowest rank does; the median over repeats damps a busy machine
+            "seconds": statistics.median(max(r["seconds"][i] for r in ranks) for i in range(repeats)),
+            "peak_rss_gib": max(r["peak"] for r in ranks) / 2**30,
+            "growth_gib": max(r["peak"] - r["before"] for r in ranks) / 2**30,
+            "shard_gib": max(r["bytes"] for r in ranks) / 2**30,
+            "ok": all(r["ok"] for r in ranks),
+        }
+    same = all(
+        torch.equal(torch.load(os.path.join(workdir, "out-ucp", f"ucp-{r}.pt"))[names[r % len(names)]],
+                    torch.load(os.path.join(workdir, "out-dcp", f"dcp-{r}.pt"))[names[r % len(names)]])
+        for r in range(target))
+    sizes = {s: sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(p) for f in fs) / 2**30
+             for s, p in (("ucp", ucp_dir), ("dcp", dcp_dir))}
+    return {"source": source, "target": target, "tensors": len(names),
+            "state_gib": len(names) * ROWS * COLS * 4 / 2**30, "save_both_seconds": save_seconds,
+            "disk_gib": sizes, "systems": rows, "identical": same}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0, help="state size in GiB (default 1.0)")
+    parser.add_argument("--scenarios", default="8:4,4:6", help="SOURCE:TARGET process counts (default 8:4,4:6)")
+    parser.add_argument("--repeats", type=int, default=3, help="loads per system, median reported (default 3)")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    results = []
+    for item in args.scenarios.split(","):
+        s, t = (int(x) for x in item.split(":"))
+        workdir = tempfile.mkdtemp(prefix="ucl-reshard-", dir=args.dir)
+        try:
+            results.append(run_scenario(s, t, args.gib, workdir, args.repeats))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Load-time resharding: ucp + UCL vs torch.distributed.checkpoint (gloo, CPU)")
+    for col in ("scenario", "system", "load s", "peak RSS/rank GiB", "RSS growth GiB", "shard GiB", "correct",
+                "load ucp/dcp", "growth ucp/dcp"):
+        table.add_column(col)
+    for r in results:
+        u, d = r["systems"]["ucp"], r["systems"]["dcp"]
+        label = f"{r['state_gib']:.2f} GiB {r['source']}->{r['target']}"
+        table.add_row(label, "ucp", f"{u['seconds']:.2f}", f"{u['peak_rss_gib']:.2f}", f"{u['growth_gib']:.2f}",
+                      f"{u['shard_gib']:.2f}", str(u["ok"] and r["identical"]), f"{u['seconds'] / d['seconds']:.2f}",
+                      f"{u['growth_gib'] / max(d['growth_gib'], 1e-9):.2f}")
+        table.add_row("", "dcp", f"{d['seconds']:.2f}", f"{d['peak_rss_gib']:.2f}", f"{d['growth_gib']:.2f}",
+                      f"{d['shard_gib']:.2f}", str(d["ok"]), "", "")
+    Console(width=150).print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""``ucp ettr``: expected ETTR over checkpoint intervals, and the best interval.
+
+A thin wrapper over :mod:`reliability.ettr`. Examples::
+
+    ucp ettr --gpus 16000 --failures-per-1000-node-days 6.5 --restart-min 5 --save-min 1
+    ucp ettr --nodes 128 --from-logs analysis.json --save-min 0.5 --interval-min 30 --json
+    ucp ettr --nodes 64 --mttf-hours 12 --save-min 2 --plot ettr.png --simulate
+
+Exit codes: 0 ok; 1 ``--require-ettr`` not met; 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+__all__ = ["register", "run", "compute_report", "main"]
+
+_EPILOG = """\
+Units: the failure rate is per node-day (as Kokolis et al. 2024 quote it, per 1000
+node-days); every time is in minutes. --mttf-hours is the MTTF of the whole job.
+--from-logs reads `ucp logs analyze --json` output (rates.failures_per_1000_node_days,
+or fits.exponential.mttf_hours with rates.nodes).
+"""
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "ettr",
+        help="expected ETTR and the optimal checkpoint interval for a job",
+        description="Expected effective training time ratio (ETTR) over checkpoint intervals, the "
+        "ETTR-optimal interval, and Young's and Daly's intervals.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--nodes", type=int, help="nodes in the job")
+    size.add_argument("--gpus", type=int, help="GPUs in the job (nodes = GPUs / --gpus-per-node, rounded up)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    rate = parser.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--failures-per-1000-node-days", type=float, metavar="R", help="per-node failure rate")
+    rate.add_argument("--mttf-hours", type=float, metavar="H", help="mean time to failure of the whole job")
+    rate.add_argument("--from-logs", metavar="FILE.json", help="failure rate from `ucp logs analyze --json`")
+    parser.add_argument("--save-min", type=float, default=0.0, metavar="W", help="blocking save time (default 0)")
+    parser.add_argument("--restart-min", type=float, default=5.0, metavar="U", help="restart cost (default 5)")
+    parser.add_argument("--queue-min", type=float, default=0.0, metavar="Q", help="queue wait per restart (default 0)")
+    parser.add_argument("--interval-min", type=float, metavar="T", help="also evaluate this checkpoint interval")
+    parser.add_argument("--simulate", action="store_true", help="add a Monte-Carlo column (seeded, exponential)")
+    parser.add_argument("--require-ettr", type=float, metavar="X",
+                        help="exit 1 if ETTR at T (or at the optimum) is below X")
+    parser.add_argument("--plot", metavar="FILE.png", help="write ETTR-vs-interval plot")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _job_from_args(args):
+    from reliability.ettr.adaptive import failures_per_node_day_from_report, load_logs_report
+    from reliability.ettr.model import ETTRInputError, JobReliability
+
+    if args.gpus is not None:
+        if args.gpus < 1 or args.gpus_per_node < 1:
+            raise ETTRInputError("--gpus and --gpus-per-node must be positive integers")
+        nodes = math.ceil(args.gpus / args.gpus_per_node)
+    else:
+        nodes = args.nodes
+    times = {
+        "restart_s": args.restart_min * 60.0,
+        "queue_s": args.queue_min * 60.0,
+        "save_blocking_s": args.save_min * 60.0,
+    }
+    minutes = (("--restart-min", args.restart_min), ("--queue-min", args.queue_min), ("--save-min", args.save_min))
+    for flag, value in minutes:
+        if not (math.isfinite(value) and value >= 0):
+            raise ETTRInputError(f"{flag} must be >= 0 minutes, got {value!r}")
+    if args.failures_per_1000_node_days is not None:
+        if not args.failures_per_1000_node_days > 0:
+            raise ETTRInputError("--failures-per-1000-node-days must be > 0")
+        return JobReliability.from_per_1000_node_days(nodes, args.failures_per_1000_node_days, **times)
+    if args.mttf_hours is not None:
+        return JobReliability.from_mttf_hours(nodes, args.mttf_hours, **times)
+    rate = failures_per_node_day_from_report(load_logs_report(args.from_logs))
+    return JobReliability(nodes=nodes, failures_per_node_day=rate, **times)
+
+
+def _interval_grid_s(job, extra_s: list[float]) -> list[float]:
+    # Minutes that people actually choose, up to the job MTTF (past it the model means nothing).
+    grid = [m * 60.0 for m in (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 480, 720, 1440)]
+    grid = [t for t in grid if t <= job.mttf_s] or [min(60.0, job.mttf_s)]
+    return sorted(set(grid) | {round(t, 6) for t in extra_s})
+
+
+def compute_report(job, *, interval_s: float | None = None, simulate: bool = False) -> dict:
+    """Everything ``ucp ettr`` prints, as a plain dict (minutes, as the CLI speaks).
+
+    >>> from reliability.ettr.model import JobReliability
+    >>> job = JobReliability.from_per_1000_node_days(2000, 6.5, restart_s=300.0, save_blocking_s=60.0)
+    >>> report = compute_report(job)
+    >>> round(report["optimal_interval_min"], 1), round(report["ettr_at_optimal"], 3)
+    (13.6, 0.832)
+    """
+    from reliability.ettr.model import daly_interval_s, expected_ettr, optimal_interval_s, young_interval_s
+
+    optimal = optimal_interval_s(job)
+    young, daly = young_interval_s(job), daly_interval_s(job)
+    wanted = [optimal] + ([interval_s] if interval_s is not None else [])
+    grid = _interval_grid_s(job, wanted)
+    rows = [{"interval_min": t / 60.0, "ettr": expected_ettr(job, interval_s=t)} for t in grid]
+    if simulate:
+        from reliability.ettr.simulator import simulate_grid
+
+        for row, result in zip(rows, simulate_grid(job, intervals_s=grid, runs=100, seed=0)):
+            row["simulated_ettr"] = result.ettr
+            row["simulated_stderr"] = result.stderr
+    report = {
+        "nodes": job.nodes,
+        "failures_per_1000_node_days": job.failures_per_node_day * 1000.0,
+        "job_mttf_hours": job.mttf_s / 3600.0,
+        "save_min": job.save_blocking_s / 60.0,
+        "restart_min": job.restart_s / 60.0,
+        "queue_min": job.queue_s / 60.0,
+        "optimal_interval_min": optimal / 60.0,
+        "ettr_at_optimal": expected_ettr(job, interval_s=optimal),
+        "young_interval_min": young / 60.0,
+        "ettr_at_young": expected_ettr(job, interval_s=young) if young > 0 else None,
+        "daly_interval_min": daly / 60.0,
+        "ettr_at_daly": expected_ettr(job, interval_s=daly) if daly > 0 else None,
+        "intervals": rows,
+    }
+    if interval_s is not None:
+        report["interval_min"] = interval_s / 60.0
+        report["ettr_at_interval"] = expected_ettr(job, interval_s=interval_s)
+    return report
+
+
+def _print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    title = (
+        f"{report['nodes']} nodes, {report['failures_per_1000_node_days']:.3g} failures/1000 node-days "
+        f"(job MTTF {report['job_mttf_hours']:.2f} h), save {report['save_min']:.3g} min, "
+        f"restart {report['restart_min']:.3g} min"
+        + (f", queue {report['queue_min']:.3g} min" if report["queue_min"] else "")
+    )
+    table = Table(title=title)
+    table.add_column("interval (min)", justify="right")
+    table.add_column("E[ETTR] model", justify="right")
+    simulated = "simulated_ettr" in report["intervals"][0]
+    if simulated:
+        table.add_column("ETTR simulated", justify="right")
+    table.add_column("")
+    for row in report["intervals"]:
+        notes = []
+        if math.isclose(row["interval_min"], report["optimal_interval_min"], rel_tol=1e-6):
+            notes.append("optimal")
+        if "interval_min" in report and math.isclose(row["interval_min"], report["interval_min"], rel_tol=1e-6):
+            notes.append("your T")
+        cells = [f"{row['interval_min']:.2f}", f"{row['ettr']:.4f}"]
+        if simulated:
+            cells.append(f"{row['simulated_ettr']:.4f} ± {2 * row['simulated_stderr']:.4f}")
+        style = "bold green" if "optimal" in notes else ("bold" if notes else None)
+        table.add_row(*cells, ", ".join(notes), style=style)
+    console.print(table)
+    console.print(
+        f"ETTR-optimal interval: [bold]{report['optimal_interval_min']:.2f} min[/] "
+        f"(E[ETTR] {report['ettr_at_optimal']:.4f})"
+    )
+    if report["save_min"] > 0:
+        console.print(
+            f"Young (1974): {report['young_interval_min']:.2f} min (E[ETTR] {report['ettr_at_young']:.4f}); "
+            f"Daly (2006): {report['daly_interval_min']:.2f} min (E[ETTR] {report['ettr_at_daly']:.4f})"
+        )
+    else:
+        console.print("No blocking save cost: shorter intervals are always better (Young/Daly give 0).")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reliability.ettr.model import ETTRInputError
+
+    try:
+        job = _job_from_args(args)
+        interval_s = None
+        if args.interval_min is not None:
+            if not (math.isfinite(args.interval_min) and args.interval_min > 0):
+                raise ETTRInputError(f"--interval-min must be > 0, got {args.interval_min!r}")
+            interval_s = args.interval_min * 60.0
+        report = compute_report(job, interval_s=interval_s, simulate=args.simulate)
+    except ETTRInputError as err:
+        print(f"ucp ettr: error: {err}", file=sys.stderr)
+        return 2
+    if args.plot:
+        from reliability.ettr.plots import plot_interval_curve
+
+        marks = {"ETTR-optimal": report["optimal_interval_min"] * 60.0}
+        if report["save_min"] > 0:
+            marks["Young"] = report["young_interval_min"] * 60.0
+            marks["Daly"] = report["daly_interval_min"] * 60.0
+        if interval_s is not None:
+            marks["T"] = interval_s
+        low = min(30.0, report["optimal_interval_min"] * 60.0 / 3)
+        grid = [low * (job.mttf_s / low) ** (i / 199) for i in range(200)]
+        plot_interval_curve(job, intervals_s=grid, path=args.plot, marks_s=marks)
+        report["plot"] = str(args.plot)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    if args.require_ettr is not None:
+        achieved = report.get("ettr_at_interval", report["ettr_at_optimal"])
+        if achieved < args.require_ettr:
+            print(f"ucp ettr: ETTR {achieved:.4f} is below the required {args.require_ettr}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp ettr`` alone (the ``ucp`` dispatcher calls :func:`run`)."""
+    parser = argparse.ArgumentParser(prog="ucp")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["ettr", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The values a UCL expression can read: layout variables, parameters, lets and captures.
+
+    >>> from ucl.parser import parse
+    >>> ctx = Context.make(parse("ucl 1\\nparam heads = 8\\n"), Layout.parse("tp=2,pp=2"), 3)
+    >>> ctx.env()["pp.rank"], ctx.env()["heads"]
+    (1, 8)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ucl.errors import UclError
+from ucl.expr import Expr
+from ucl.program import Program
+from ucp.geometry import split_evenly
+from ucp.layout import Layout, RankCoords
+
+GROUP_DIM = {"tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp", "ep": "dp", "edp": "dp"}
+
+
+def layout_vars(layout: Layout, coords: RankCoords) -> dict[str, int]:
+    out = {}
+    for g in ("tp", "cp", "dp", "pp", "ep"):
+        out[f"{g}.size"] = getattr(layout, g)
+        out[f"{g}.rank"] = getattr(coords, g)
+    out["edp.size"] = layout.dp // layout.ep
+    out["edp.rank"] = coords.edp
+    out["vpp.size"] = layout.vpp
+    out["zero.stage"] = layout.zero
+    return out
+
+
+def group_size_rank(layout: Layout, coords: RankCoords, groups: tuple[str, ...]) -> tuple[int, int]:
+    """Parts and this rank's index when a dimension is cut over ``groups`` (first group major)."""
+    parts, index = 1, 0
+    env = layout_vars(layout, coords)
+    for g in groups:
+        size, rank = env[f"{g}.size"], env[f"{g}.rank"]
+        parts, index = parts * size, index * size + rank
+    return parts, index
+
+
+class Env(Mapping):
+    """Captures over a base of layout variables and parameters; ``let`` names computed on first use."""
+
+    def __init__(self, base: dict, lets: dict[str, Expr], functions: dict):
+        self._values = dict(base)
+        self._lets = lets
+        self._functions = functions
+        self._busy: set[str] = set()
+
+    def __getitem__(self, name: str):
+        if name in self._values:
+            return self._values[name]
+        if name in self._lets:
+            if name in self._busy:
+                raise UclError(f"let {name} refers to itself")
+            self._busy.add(name)
+            try:
+                value = self._lets[name].eval(self, self._functions)
+            finally:
+                self._busy.discard(name)
+            self._values[name] = value
+            return value
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter({**self._lets, **self._values})
+
+    def __len__(self) -> int:
+        return len(set(self._values) | set(self._lets))
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything fixed for one compile: program, layout, rank and resolved parameters."""
+
+    program: Program
+    layout: Layout
+    coords: RankCoords
+    params: dict
+
+    @classmethod
+    def make(cls, program: Program, layout: Layout, rank: int, overrides: Mapping | None = None) -> "Context":
+        coords = layout.coords(rank)
+        overrides = dict(overrides or {})
+        unknown = set(overrides) - set(program.params)
+        if unknown:
+            raise UclError(
+                f"{program.filename}: unknown program parameter(s) {sorted(unknown)}; "
+                f"the program declares {sorted(program.params) or 'none'}"
+            )
+        params: dict = {}
+        env = layout_vars(layout, coords)
+        for name, default in program.params.items():
+            if name in overrides:
+                value = overrides[name]
+                if isinstance(value, list) or (isinstance(default, tuple) and not isinstance(value, tuple)):
+                    value = tuple(value) if isinstance(value, list) else (value,)  # a list parameter given one item
+                params[name] = value
+            elif isinstance(default, Expr):
+                try:
+                    params[name] = default.eval({**env, **params})
+                except UclError:
+                    pass  # depends on a parameter without a value: an error only where it is used
+            elif default is not None:
+                params[name] = default
+        return cls(program, layout, coords, params)
+
+    def at(self, **coords) -> "Context":
+        """The same compile seen from another rank (used to find replicas)."""
+        own = self.coords
+        rank = self.layout.rank_of(tp=coords.get("tp", own.tp), cp=coords.get("cp", own.cp),
+                                   dp=coords.get("dp", own.dp), pp=coords.get("pp", own.pp))
+        return Context(self.program, self.layout, self.layout.coords(rank), self.params)
+
+    @property
+    def rank(self) -> int:
+        return self.coords.rank
+
+    def functions(self) -> dict:
+        return {"stage_start": self._stage_start, "stage_layers": self._stage_layers}
+
+    def env(self, captures: Mapping | None = None) -> Env:
+        base = {**layout_vars(self.layout, self.coords), **self.params, **(captures or {})}
+        return Env(base, self.program.lets, self.functions())
+
+    def _stages(self) -> list[int]:
+        stages = self.layout.pp * self.layout.vpp
+        explicit = self.params.get("stage_layers_list") or ()
+        if explicit:
+            if len(explicit) != stages:
+                raise UclError(
+                    f"{self.program.filename}: stage_layers_list has {len(explicit)} entries, "
+                    f"the layout has pp*vpp = {stages} stages"
+                )
+            return [int(x) for x in explicit]
+        if "num_layers" not in self.params:
+            raise UclError(f"{self.program.filename}: stage_start()/stage_layers() need the parameter num_layers")
+        return [split_evenly(int(self.params["num_layers"]), stages, s)[1] for s in range(stages)]
+
+    def _stage_start(self, stage: int) -> int:
+        return sum(self._stages()[:stage])
+
+    def _stage_layers(self, stage: int) -> int:
+        stages = self._stages()
+        return stages[stage] if 0 <= stage < len(stages) else 0

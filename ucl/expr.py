@@ -1,0 +1,219 @@
+"""Integer expressions of UCL: layout variables, parameters, captures and a few builtins.
+
+Expressions use Python's surface syntax, restricted to what index arithmetic
+needs: integers, names (``pp.rank``, ``heads``, ``i``), ``+ - * // %``,
+comparisons, ``and``/``or``/``not`` and calls of the builtins below. They are
+parsed once with :mod:`ast` (so precedence is the one everybody knows) and then
+checked against a whitelist, so a program can never run arbitrary code::
+
+    >>> e = parse_expr("i + stage_start(pp.rank)", where=("m.ucl", 1, 1, "..."))
+    >>> e.eval({"i": 2, "pp.rank": 1}, {"stage_start": lambda s: 4 * s})
+    6
+    >>> sorted(e.names)
+    ['i', 'pp.rank']
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from ucl.errors import UclError, UclSyntaxError
+
+_BINOPS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
+_CMPOPS: dict[type, Callable[[int, int], bool]] = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+}
+BUILTINS = ("min", "max", "ceil_div", "stage_start", "stage_layers", "len")
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed, whitelisted expression and the names it reads."""
+
+    text: str
+    tree: ast.expression
+    names: frozenset[str]
+    where: tuple  # (filename, line, column, source_line) for error messages
+    code: object = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.code is None:  # compiled once; the tree is whitelisted before any Expr is made
+            object.__setattr__(self, "code", _compile(self.tree))
+
+    def eval(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None):
+        code = self.code
+        scope = {"__builtins__": {}, "ceil_div": _ceil_div, "min": min, "max": max, "len": len, **(functions or {})}
+        try:
+            # The tree was whitelisted by parse_expr, so compiling it runs only index arithmetic.
+            return eval(code, scope, _Names(env))  # noqa: S307
+        except ZeroDivisionError:
+            raise UclError(f"{self.where[0]}:{self.where[1]}: division by zero in {self.text!r}") from None
+        except NameError as err:
+            missing = getattr(err, "name", None) or str(err)
+            raise UclError(
+                f"{self.where[0]}:{self.where[1]}: {missing.replace(_DOT, '.')!r} has no value in {self.text!r} "
+                "(give the program parameter a value, e.g. ucl.load_program(..., NAME=VALUE))"
+            ) from None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_DOT = "__dot__"
+
+
+class _Names(Mapping):
+    """The local namespace of a compiled expression: ``pp__dot__rank`` reads ``env["pp.rank"]``."""
+
+    def __init__(self, env: Mapping[str, object]):
+        self._env = env
+
+    def __getitem__(self, name: str):
+        return self._env[name.replace(_DOT, ".")]
+
+    def __iter__(self):
+        return iter(self._env)
+
+    def __len__(self) -> int:
+        return len(self._env)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Undot(ast.NodeTransformer):
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        return ast.copy_location(ast.Name(id=_dotted(node).replace(".", _DOT), ctx=ast.Load()), node)
+
+
+def _compile(tree: ast.expression):
+    undotted = _Undot().visit(ast.parse(ast.unparse(tree), mode="eval"))
+    return compile(ast.fix_missing_locations(undotted), "<ucl>", "eval")
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def parse_expr(text: str, *, where: tuple) -> Expr:
+    """Parse ``text``; ``where`` = (filename, line, column of text's first char, source line)."""
+    filename, line, column, source = where
+    stripped = text.strip()
+    lead = len(text) - len(text.lstrip())
+    if not stripped:
+        raise UclSyntaxError("expected an expression, found the end of the line",
+                             filename=filename, line=line, column=column + len(text), source_line=source)
+    try:
+        tree = ast.parse(stripped, mode="eval")
+    except SyntaxError as err:
+        col = column + lead + max((err.offset or 1) - 1, 0)
+        raise UclSyntaxError(f"expected an expression, found {stripped!r}",
+                             filename=filename, line=line, column=col, source_line=source) from None
+    names: set[str] = set()
+
+    def bad(node: ast.AST, why: str) -> UclSyntaxError:
+        col = column + lead + getattr(node, "col_offset", 0)
+        return UclSyntaxError(why, filename=filename, line=line, column=col, source_line=source)
+
+    def check(node: ast.AST) -> None:
+        if isinstance(node, ast.Constant):
+            if not isinstance(node.value, int) or isinstance(node.value, bool):
+                raise bad(node, f"expected an integer, found {node.value!r}")
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            name = _dotted(node)
+            if name is None:
+                raise bad(node, "expected a name like pp.rank")
+            names.add(name)
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _BINOPS:
+                hint = " (use // for integer division)" if isinstance(node.op, ast.Div) else ""
+                raise bad(node, f"expected one of + - * // %{hint}")
+            check(node.left)
+            check(node.right)
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, (ast.USub, ast.Not)):
+                raise bad(node, "expected - or not")
+            check(node.operand)
+        elif isinstance(node, ast.BoolOp):
+            for v in node.values:
+                check(v)
+        elif isinstance(node, ast.Compare):
+            if any(type(op) not in _CMPOPS for op in node.ops):
+                raise bad(node, "expected a comparison (== != < <= > >=)")
+            check(node.left)
+            for c in node.comparators:
+                check(c)
+        elif isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in BUILTINS or node.keywords:
+                raise bad(node, f"expected a call of one of {', '.join(BUILTINS)}")
+            for a in node.args:
+                check(a)
+        else:
+            raise bad(node, f"expected index arithmetic, found {type(node).__name__.lower()}")
+
+    check(tree.body)
+    return Expr(stripped, tree, frozenset(names), where)
+
+
+def _eval(node: ast.AST, env: Mapping[str, object], functions: Mapping[str, Callable]):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return env[_dotted(node)]
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_eval(node.left, env, functions), _eval(node.right, env, functions))
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env, functions)
+        return -value if isinstance(node.op, ast.USub) else not value
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            return all(_eval(v, env, functions) for v in node.values)
+        return any(_eval(v, env, functions) for v in node.values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env, functions)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env, functions)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Call):
+        args = [_eval(a, env, functions) for a in node.args]
+        name = node.func.id
+        if name == "min":
+            return min(args)
+        if name == "max":
+            return max(args)
+        if name == "ceil_div":
+            return -(-args[0] // args[1])
+        if name == "len":
+            return len(args[0])
+        return functions[name](*args)
+    raise AssertionError(f"unchecked node {node!r}")  # parse_expr whitelists every node
+
+
+def ceil_to(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple``."""
+    return -(-value // multiple) * multiple if multiple > 0 else value
+
+
+__all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS"]

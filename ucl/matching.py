@@ -1,0 +1,92 @@
+"""Which keys and names a rule matches: ``where`` conditions, capture bounds, enumeration, member order.
+
+Shared by the compiler (both directions) and the replica finder. Pure functions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from ucl.env import Context
+from ucl.errors import UclError
+from ucl.program import FlatRule
+
+
+def where_ok(rule, ctx: Context, env) -> bool:
+    return all(bool(w.eval(env, ctx.functions())) for w in rule.where)
+
+
+def bounds_of(rule) -> dict:
+    """Upper bounds of int captures: capture -> (Expr, inclusive), from ``where NAME < EXPR``."""
+    return {name: (expr, inclusive) for name, expr, inclusive in rule.bounds}
+
+
+def switched_off(rule, ctx: Context) -> bool:
+    """Whether a conjunct of the rule's ``where`` is false on this rank whatever the captures."""
+    env = ctx.env()
+    for cond in rule.conjuncts:
+        try:
+            if not cond.eval(env, ctx.functions()):
+                return True
+        except UclError:
+            continue  # reads a capture: decided per key, not here
+    for _, limit, inclusive in rule.bounds:  # `where e < experts_here` with no experts: nothing to match
+        try:
+            if int(limit.eval(env, ctx.functions())) + (1 if inclusive else 0) <= 0:
+                return True
+        except UclError:
+            continue
+    return False
+
+
+def natural(key: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
+
+
+def member_order(rule: FlatRule, members: dict, params: dict) -> list[str]:
+    """Member keys in buffer order: by ``order by`` list (logical names), else glob order then natural order."""
+    include = [g for g in rule.members if not g.startswith("!")] or ["*"]
+    exclude = [g[1:] for g in rule.members if g.startswith("!")]
+    chosen: list[str] = []
+    for glob in include:
+        for k in sorted(members, key=natural):
+            if fnmatch.fnmatchcase(k, glob) and not any(fnmatch.fnmatchcase(k, x) for x in exclude) and k not in chosen:
+                chosen.append(k)
+    order = list(params.get(rule.order, ()) or ()) if rule.order else []
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        first = {k: min((rank.get(n, len(order)) for n in members[k].names), default=len(order)) for k in chosen}
+        chosen.sort(key=lambda k: first[k])  # stable: unlisted members keep glob/natural order, last
+    return chosen
+
+
+def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: int):
+    """Every assignment of the rule's int and list captures (text captures fixed), with the omit set."""
+    names = [c for c in caps if c.name not in fixed]
+
+    def walk(i: int, values: dict, omit: frozenset):
+        if i == len(names):
+            yield dict(values), omit
+            return
+        cap = names[i]
+        if cap.kind == "list":
+            options = list(ctx.params.get(cap.list_param, ()) or ())
+        else:
+            if cap.name in bounds:
+                expr, inclusive = bounds[cap.name]
+                try:
+                    limit = int(expr.eval(ctx.env(values), ctx.functions())) + (1 if inclusive else 0)
+                except UclError:
+                    limit = fallback
+            else:
+                limit = fallback
+            options = list(range(max(limit, 0)))
+            if cap.kind == "optint" and cap.name in bounds and limit == 1:
+                omit = omit | {cap.name}
+        for option in options:
+            values[cap.name] = option
+            yield from walk(i + 1, values, omit)
+        values.pop(cap.name, None)
+
+    yield from walk(0, dict(fixed), frozenset())

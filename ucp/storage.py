@@ -1,0 +1,393 @@
+"""Where bytes live: fsspec paths, and zarr v3 arrays through tensorstore.
+
+Large arrays are written by tensorstore (the ``zarr3`` driver); small one-chunk
+arrays and packs as their two plain files (the same bytes), and local chunk
+files are read with plain reads (docs/FORMAT.md, section 8, says why).
+
+tensorstore cannot see fsspec filesystems (``memory://``, ``s3://`` through
+fsspec, ...), so for those a fragment is written into a private
+tensorstore ``memory`` kvstore and its keys (``zarr.json`` and the chunk files)
+are then copied through fsspec; reads copy just the keys they need (the
+metadata and the chunks a read touches) the other way. Either way the bytes
+on the store are the same plain zarr v3 arrays (docs/FORMAT.md).
+
+Example::
+
+    store = Storage("memory://ckpt")
+    store.write_bytes("manifest.json", b"{}")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import tensorstore as ts
+from fsspec.implementations.local import LocalFileSystem
+
+from ucp.errors import IncompleteCheckpointError, TruncatedDataError, UcpError
+
+# Arrays of one chunk up to this size are written and read as plain files, without
+# tensorstore: opening a tensorstore costs ~0.3 ms, which dominates for the
+# thousands of biases and norms of a model. The bytes on disk are identical.
+SMALL_ARRAY_BYTES = 4 << 20
+
+# Target bytes per chunk: large, so a partial read touches few chunk files,
+# and bounded, so a read buffer (one chunk) stays small next to a shard.
+CHUNK_BYTES = 32 << 20
+
+
+def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | None = None) -> int:
+    """Rows (along dim 0) per chunk for an array of ``shape``."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    if not shape:
+        return 1
+    row_bytes = math.prod(shape[1:]) * itemsize
+    rows = chunk_bytes // row_bytes if row_bytes else shape[0]
+    return max(1, min(rows, shape[0]))
+
+
+def chunk_count(shape: tuple[int, ...], chunk_rows: int) -> int:
+    if math.prod(shape) == 0:
+        return 0
+    if not shape:
+        return 1
+    return -(-shape[0] // chunk_rows)
+
+
+def chunk_key(shape: tuple[int, ...], index: int) -> str:
+    """The zarr v3 default chunk key (separator ".") of chunk ``index`` along dim 0 ("c.3.0.0").
+
+    "." rather than "/" keeps every chunk file directly in the array's directory:
+    one directory per fragment, not one per dimension.
+    """
+    if not shape:
+        return "c"
+    return "c." + ".".join([str(index)] + ["0"] * (len(shape) - 1))
+
+
+def array_metadata(shape: tuple[int, ...], dtype: str, chunk_rows: int, attributes: dict) -> dict:
+    chunks = [chunk_rows] + [max(1, s) for s in shape[1:]] if shape else []
+    return {
+        "shape": list(shape),
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "fill_value": False if dtype == "bool" else [0, 0] if dtype.startswith("complex") else 0,
+        "attributes": attributes,
+    }
+
+
+@dataclass
+class _PendingWrite:
+    rel: str
+    opening: Any  # Future[TensorStore]
+    array: np.ndarray
+    writing: Any = None  # WriteFutures
+
+
+class Storage:
+    """One checkpoint root: a local directory or an fsspec URL."""
+
+    def __init__(self, url: str | os.PathLike, *, storage_options: dict | None = None) -> None:
+        self.url = os.fspath(url)
+        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(root) if self.local else root.rstrip("/")
+        # No fsync per file: one sync() of the whole save before its commit is far cheaper
+        # than thousands of fsyncs, and just as durable for the commit rule.
+        self.context = ts.Context({"file_io_sync": False})
+        self._threads: ThreadPoolExecutor | None = None
+        self._pack_cache: tuple[str, bytes] | None = None
+        self.reused = False  # set when the location may hold arrays of an earlier, killed save
+        self._memory = None if self.local else ts.KvStore.open({"driver": "memory"}, context=self.context).result()
+
+    # -- plain files -------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        if self.local:
+            return os.path.join(self.root, *parts)
+        return posixpath.join(self.root, *parts)
+
+    def display(self, *parts: str) -> str:
+        """A path as the user should see it in messages."""
+        path = self.path(*parts)
+        return path if self.local else f"{self.fs.unstrip_protocol(path)}"
+
+    def exists(self, *parts: str) -> bool:
+        return self.fs.exists(self.path(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        return self.fs.cat_file(self.path(*parts))
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write a small file durably; on a local disk atomically (temp file + rename)."""
+        target = self.path(rel)
+        if not self.local:
+            self.fs.pipe_file(target, data)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+
+    def remove(self, *parts: str) -> None:
+        path = self.path(*parts)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+    def listdir(self, *parts: str) -> list[str]:
+        path = self.path(*parts)
+        if not self.fs.exists(path):
+            return []
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+
+    # -- zarr arrays -------------------------------------------------------
+    def _kvstore(self, rel: str) -> Any:
+        if self.local:
+            return {"driver": "file", "path": self.path(rel) + "/"}
+        return {"driver": "memory", "path": rel.strip("/") + "/"}
+
+    def start_write(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict) -> _PendingWrite:
+        """Begin creating the zarr array ``rel`` holding ``array``; finish with :meth:`finish_write`.
+
+        ``array`` is referenced, not copied: it must stay unchanged until then.
+        """
+        spec = {
+            "driver": "zarr3",
+            "kvstore": self._kvstore(rel),
+            "metadata": array_metadata(tuple(array.shape), dtype, chunk_rows, attributes),
+            # Every chunk must exist on disk: a missing chunk then always means damage.
+            "store_data_equal_to_fill_value": True,
+        }
+        opening = ts.open(spec, create=True, delete_existing=self.reused, context=self.context)
+        return _PendingWrite(rel, opening, array)
+
+    def write_small(self, rel: str, array: np.ndarray, *, dtype: str, attributes: dict) -> Any:
+        """Write a one-chunk array as its two plain files (same bytes tensorstore would write).
+
+        Local files are written by a small thread pool: returns a future to wait on (None when done).
+        """
+        shape = tuple(array.shape)
+        meta = {"zarr_format": 3, "node_type": "array", **array_metadata(shape, dtype, shape[0] if shape else 1, attributes)}
+        files = {"zarr.json": json.dumps(meta).encode()}
+        if array.size:
+            files[chunk_key(shape, 0)] = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        if not self.local:
+            self.fs.pipe({self.path(rel, name): data for name, data in files.items()})
+            return None
+        return self._pool().submit(_write_files, self.path(rel), files)
+
+    def close(self) -> None:
+        """Let this storage's I/O threads go (it stays usable; a later read starts new ones)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+        self._pack_cache = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # File creation is latency-bound (metadata ops); a few threads overlap it.
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ucp-write")
+        return self._threads
+
+    def read_small(self, rel: str, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray:
+        """Read the only chunk of a small array as plain bytes; errors as for tensorstore reads."""
+        name = chunk_key(shape, 0)
+        where = self.display(rel, name)
+        try:
+            data = self.fs.cat_file(self.path(rel, name))
+        except FileNotFoundError:
+            raise IncompleteCheckpointError(
+                f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
+            ) from None
+        np_dtype = np.dtype(dtype).newbyteorder("<")
+        expected = math.prod(shape) * np_dtype.itemsize
+        if len(data) != expected:
+            raise TruncatedDataError(
+                f"{what}: {where} is shorter or longer than the manifest says ({len(data)} bytes, expected "
+                f"{expected}); the file is damaged - restore it from a replica or load an older checkpoint"
+            )
+        return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
+
+    def read_packed(self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray:
+        """Read one packed fragment: a byte range of a pack array's only chunk.
+
+        The last pack read is kept whole (packs are ~16 MiB), so the many small tensors of a
+        pack cost one file read, not one each.
+        """
+        name = chunk_key((0,), 0)
+        where = self.display(rel, name)
+        np_dtype = np.dtype(dtype).newbyteorder("<")
+        nbytes = math.prod(shape) * np_dtype.itemsize
+        if self._pack_cache is None or self._pack_cache[0] != rel:
+            try:
+                self._pack_cache = (rel, self.fs.cat_file(self.path(rel, name)))
+            except FileNotFoundError:
+                raise IncompleteCheckpointError(
+                    f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
+                ) from None
+        data = self._pack_cache[1][offset : offset + nbytes]
+        if len(data) != nbytes:
+            raise TruncatedDataError(
+                f"{what}: {where} is shorter than the manifest says (bytes {offset}..{offset + nbytes} wanted, "
+                f"{len(data)} found); the file is damaged - restore it from a replica or load an older checkpoint"
+            )
+        return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
+
+    def issue_write(self, pending: _PendingWrite) -> None:
+        store = pending.opening.result()
+        if pending.array.size:
+            pending.writing = store.write(pending.array, can_reference_source_data_indefinitely=True)
+
+    def finish_write(self, pending: _PendingWrite) -> None:
+        if pending.writing is None:
+            self.issue_write(pending)
+        if pending.writing is not None:
+            pending.writing.result()
+        pending.array = None  # drop the reference to the caller's tensor
+        if not self.local:
+            self._flush_memory(pending.rel)
+
+    def sync(self) -> None:
+        """Make everything written under this root durable (before a commit depends on it).
+
+        Each file (and directory) is fsynced, a few at a time: with small fragments packed
+        there are few files, and unlike syncfs(2) this never waits for other processes' writes.
+        """
+        if not self.local or not os.path.isdir(self.root):
+            return
+        paths = []
+        for dirpath, _, files in os.walk(self.root):
+            paths.append(dirpath)
+            paths.extend(os.path.join(dirpath, name) for name in files)
+        list(self._pool().map(_fsync_path, paths))
+
+    def _flush_memory(self, rel: str) -> None:
+        prefix = rel.strip("/") + "/"
+        keys = [k.decode() for k in self._memory.list(ts.KvStore.KeyRange(prefix, prefix[:-1] + "0")).result()]
+        self.fs.pipe({self.path(k): self._memory.read(k).result().value for k in keys})
+        for k in keys:
+            self._memory.delete_range(ts.KvStore.KeyRange(k, k + "\0")).result()
+
+    def open_array(self, rel: str, *, what: str) -> Any:
+        """Open an existing array for reading; ``what`` names it in errors."""
+        if not self.local:
+            self._fetch(rel, "zarr.json", what=what)
+        spec = {"driver": "zarr3", "kvstore": self._kvstore(rel), "fill_missing_data_reads": False}
+        try:
+            return ts.open(spec, open=True, read=True, context=self.context).result()
+        except ValueError as err:
+            raise _read_error(err, what, self.display(rel)) from None
+
+    def read_chunk(self, rel: str, store: Any, index: int, chunk_rows: int, *, what: str) -> Any:
+        """Start reading chunk ``index`` (along dim 0); returns a future of the numpy array."""
+        shape = tuple(store.shape)
+        if not self.local:
+            self._fetch(rel, chunk_key(shape, index), what=what)
+        view = store if not shape else store[index * chunk_rows : min((index + 1) * chunk_rows, shape[0])]
+        return view.read()
+
+    def read_chunk_direct(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
+                          *, what: str) -> Any:
+        """Start reading chunk ``index`` of a local array as plain bytes; a future of the numpy array.
+
+        Only the chunk's valid rows are read (an edge chunk is stored full-size); the file's
+        size is checked against the full chunk, so a truncated or padded file is reported.
+        """
+        return self._pool().submit(self._read_direct, rel, shape, dtype, index, chunk_rows, what)
+
+    def read_chunk_into(self, rel: str, shape: tuple[int, ...], index: int, chunk_rows: int, out: np.ndarray,
+                        *, what: str, digest: Any = None) -> Any:
+        """Start reading chunk ``index`` of a local array straight into ``out`` (its valid rows, C order).
+
+        Returns a future of ``digest(out)`` (None without ``digest``), computed in the reading thread.
+        """
+        def job():
+            self._read_direct(rel, shape, out.dtype.str, index, chunk_rows, what, out=out)
+            return digest(out) if digest is not None else None
+
+        return self._pool().submit(job)
+
+    def _read_direct(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
+                     what: str, out: np.ndarray | None = None) -> np.ndarray:
+        np_dtype = np.dtype(dtype).newbyteorder("<")
+        rest = tuple(shape[1:])
+        rows = min(chunk_rows, shape[0] - index * chunk_rows) if shape else 1
+        if out is None:
+            out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
+        full = (chunk_rows * math.prod(max(1, s) for s in rest) if shape else 1) * np_dtype.itemsize
+        path = self.path(rel, chunk_key(shape, index))
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                size = os.fstat(fh.fileno()).st_size
+                got = fh.readinto(memoryview(out.reshape(-1)).cast("B")) if out.nbytes else 0
+        except FileNotFoundError:
+            raise IncompleteCheckpointError(
+                f"{what}: {path} is missing; the checkpoint is incomplete - load an older checkpoint"
+            ) from None
+        if size != full or got != out.nbytes:
+            raise TruncatedDataError(
+                f"{what}: {path} is shorter or longer than the manifest says ({size} bytes, expected {full}); "
+                "the file is damaged - restore it from a replica or load an older checkpoint"
+            )
+        return out
+
+    def wait_chunk(self, future: Any, rel: str, index: int, shape: tuple[int, ...], *, what: str) -> np.ndarray:
+        try:
+            return future.result()
+        except ValueError as err:
+            if isinstance(err, UcpError):
+                raise
+            raise _read_error(err, what, self.display(rel, chunk_key(shape, index))) from None
+        finally:
+            if not self.local:  # the fetched copy is no longer needed
+                key = posixpath.join(rel.strip("/"), chunk_key(shape, index))
+                self._memory.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+
+    def _fetch(self, rel: str, name: str, *, what: str) -> None:
+        try:
+            data = self.fs.cat_file(self.path(rel, name))
+        except FileNotFoundError:
+            raise IncompleteCheckpointError(
+                f"{what}: file {self.display(rel, name)} is missing; the checkpoint is incomplete - "
+                "load an older checkpoint"
+            ) from None
+        self._memory.write(posixpath.join(rel.strip("/"), name), data).result()
+
+
+def _write_files(directory: str, files: dict[str, bytes]) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(directory, name), "wb") as fh:
+            fh.write(data)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_error(err: ValueError, what: str, where: str) -> Exception:
+    text = str(err)
+    if text.startswith("NOT_FOUND"):
+        return IncompleteCheckpointError(
+            f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
+        )
+    return TruncatedDataError(
+        f"{what}: {where} is shorter or longer than the manifest says ({text.split('[')[0].strip()}); "
+        "the file is damaged - restore it from a replica or load an older checkpoint"
+    )

@@ -1,0 +1,499 @@
+"""The streaming checkpoint writer: each rank writes only its own fragments.
+
+``ucp.save`` is built on it, and so are async saves and format converters::
+
+    with CheckpointWriter("ckpt/step_10") as w:
+        w.add("model/fc.weight", weight)        # written right away
+        w.set_state({"step": 10, "w": {"$tensor": "model/fc.weight"}})
+    # leaving the block commits; an exception aborts instead
+
+With a process group, every rank opens a writer with the group; ``close`` is
+collective: metadata only (never tensor bytes) is gathered, checked (coverage,
+replica equality) and committed by group rank 0. Without one, ranks given
+``rank``/``world_size`` write parts into a shared staging area and
+:func:`finalize` commits. Tensors passed to :meth:`CheckpointWriter.add` are
+referenced, not copied, until the write completes: leave them unchanged until
+``close()`` returns.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from ucp import checksum as _checksum
+from ucp.commit import (SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, new_token, open_target,
+                        read_parts, write_part)
+from ucp.dtypes import check_supported, storage_dtype, to_numpy
+from ucp.errors import CheckpointExistsError, ShapeMismatchError, UcpError
+from ucp.geometry import Box, FlatRange, Region, region_to_dict, split_evenly
+from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
+from ucp.parts import json_safe, merge_parts, new_part
+from ucp.spec import SPREAD_MIN_BYTES, FragmentMap, LogicalTensor, ShardPiece, TensorSpec
+from ucp.storage import SMALL_ARRAY_BYTES, chunk_count, chunk_rows_for
+
+# Writes kept in flight: enough to keep the disk busy with many small tensors,
+# few enough that tensors copied for writing (non-contiguous, GPU) stay bounded.
+# Fragments up to PACK_MAX_BYTES are packed into a few files per rank (docs/FORMAT.md,
+# "Packs"): thousands of biases and norms otherwise cost thousands of files.
+PACK_MAX_BYTES = 256 << 10
+PACK_TARGET_BYTES = 16 << 20
+PACK_ALIGN = 64
+MAX_INFLIGHT = 64
+MAX_INFLIGHT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save did, on this rank; ``manifest`` once the checkpoint is committed."""
+
+    path: str
+    rank: int
+    world_size: int
+    committed: bool
+    fragments: int
+    bytes_written: int
+    manifest: Manifest | None = None
+
+
+class CheckpointWriter:
+    """Write one checkpoint tensor by tensor; ``close()`` commits, ``abort()`` throws it away.
+
+    >>> import torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "c")
+    >>> with CheckpointWriter(path) as w:
+    ...     w.add("w", torch.ones(2))
+    ...     w.set_state({"w": {"$tensor": "w"}, "step": 1})
+    >>> os.path.exists(os.path.join(path, "manifest.json"))
+    True
+
+    ``pack_max_bytes`` (default 256 KiB, 0 to disable) is the largest fragment
+    packed with others into one file (docs/FORMAT.md, "Packs").
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        process_group: Any = None,
+        spec: FragmentMap | None = None,
+        checksums: bool = True,
+        overwrite: bool = False,
+        storage_options: dict | None = None,
+        layout: Any = None,
+        program: str | None = None,
+        pack_max_bytes: int | None = None,
+    ) -> None:
+        self.path = str(path)
+        pack_max_bytes = PACK_MAX_BYTES if pack_max_bytes is None else pack_max_bytes
+        self._pg = process_group
+        if process_group is not None:
+            import torch.distributed as dist
+
+            rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
+        if spec is not None:
+            if not isinstance(spec, FragmentMap):
+                raise TypeError(f"spec must be a FragmentMap, got {type(spec).__name__}")
+            spec.validate()
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        self._checksums = checksums
+        self._target = self._open(storage_options, overwrite)
+        self._part = new_part(rank=rank, world_size=world_size,
+                              checksum_algorithm=_checksum.ALGORITHM if checksums else None)
+        if layout is not None:
+            self._part["layout"] = layout if isinstance(layout, dict) else layout.to_dict()
+        self._part["program"] = program
+        self._keys: set[str] = set()
+        self._pending: deque = deque()
+        self._inflight_bytes = 0
+        self._counter = 0
+        self._bytes = 0
+        self._closed = False
+        self._pack_max = pack_max_bytes
+        self._pack = bytearray()
+        self._pack_key: str | None = None
+
+    # -- setup ---------------------------------------------------------------
+    def _open(self, storage_options: dict | None, overwrite: bool) -> SaveTarget:
+        if self._pg is not None:
+            import torch.distributed as dist
+
+            box: list[Any] = [None, None]
+            if self.rank == 0:
+                try:
+                    box[0] = new_token()
+                    begin_save(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options)
+                except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+                    box[1] = err
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+            if box[1] is not None:
+                raise box[1]
+            return open_target(self.path, token=box[0], storage_options=storage_options)
+        if self.world_size > 1:
+            target = open_target(self.path, token=SHARED_TOKEN, storage_options=storage_options)
+            if target.final.exists(MANIFEST_NAME) and not overwrite:
+                raise CheckpointExistsError(
+                    f"a checkpoint already exists at {target.final.display()}; pass overwrite=True to replace it "
+                    "or save to a new path"
+                )
+            if target.strategy == "rename":
+                import os
+
+                os.makedirs(target.storage.root, exist_ok=True)
+            target.storage.reused = True  # a killed earlier attempt may have left arrays there
+            return target
+        return begin_save(self.path, token=new_token(), overwrite=overwrite, storage_options=storage_options)
+
+    # -- writing -------------------------------------------------------------
+    def add(self, key: str, tensor: torch.Tensor) -> None:
+        """Write this rank's fragments of local tensor ``key`` (queued to the store right away)."""
+        self._check_open()
+        if key in self._keys:
+            raise ValueError(f"tensor {key!r} was already added to this checkpoint")
+        self._keys.add(key)
+        if _is_dtensor(tensor):
+            from ucp.dtensor import dtensor_spec
+
+            logical, tspec = dtensor_spec(key, tensor)
+            self._add_pieces(key, tensor.to_local(), tspec, {logical.name: logical})
+            return
+        name = check_supported(tensor.dtype, key=key)
+        tspec = self.spec.tensors.get(key) if self.spec is not None else None
+        if tspec is not None:
+            self._add_pieces(key, tensor, tspec, self.spec.logical)
+            return
+        # No spec: the tensor is whole, and (like DCP) replicated over all ranks.
+        shape = tuple(tensor.shape)
+        box = Box.full(shape)
+        tspec = TensorSpec(key=key, pieces=(ShardPiece(key, box, box),), replica=self.rank, replicas=self.world_size)
+        self._add_pieces(key, tensor, tspec, {key: LogicalTensor(key, shape, name)})
+
+    def _add_pieces(self, key: str, tensor: torch.Tensor, tspec: TensorSpec, logical: dict) -> None:
+        name = check_supported(tensor.dtype, key=key)
+        for piece in tspec.pieces:
+            lt = logical[piece.logical]
+            if lt.dtype != name:
+                raise ShapeMismatchError(
+                    f"tensor {key!r} is {name} but its spec maps it onto {piece.logical!r} of dtype {lt.dtype}; "
+                    f"convert the tensor (tensor.to(torch.{lt.dtype})) or fix the spec"
+                )
+            self._part["logical"][lt.name] = {"dtype": lt.dtype, "shape": list(lt.shape)}
+            data = _local_region(tensor, piece.local, key)
+            replicas = tspec.replicas
+            if replicas > 1 and tspec.policy == "average" and self._pg is not None:
+                data = _average(data, replicas, self.world_size, self._pg, key)
+            if replicas > 1 and tspec.policy == "check-equal" and self._pg is not None:
+                self._part["replica_digests"].append(
+                    [lt.name, region_to_dict(piece.target), _checksum.digest(to_numpy(_contiguous_cpu(data)))]
+                )
+            for sub_local, sub_target in _write_units(piece, data, tspec):
+                self._write(lt.name, name, data, sub_local, sub_target)
+
+    def _write(self, logical: str, dtype: str, data: torch.Tensor, local: Region, target: Region) -> None:
+        if isinstance(local, Box):
+            part = data[local.slices()] if local.ndim else data
+            shape = local.sizes
+        else:
+            part = data[local.start : local.stop]
+            shape = (local.numel,)
+        copied = part.device.type != "cpu" or not part.is_contiguous()
+        array = to_numpy(_contiguous_cpu(part)).reshape(shape)
+        rows = chunk_rows_for(shape, array.itemsize)
+        sums: tuple[str, ...] = ()
+        if self._checksums:
+            flat = array.reshape(-1) if not shape else array
+            sums = tuple(
+                _checksum.digest(flat[i * rows : (i + 1) * rows] if shape else flat)
+                for i in range(chunk_count(shape, rows))
+            )
+        if self._pack_max and 0 < array.nbytes <= self._pack_max and chunk_count(shape, rows) == 1:
+            self._add_to_pack(logical, array, target, rows, sums)
+            return
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", logical)[:80]
+        rel = f"data/r{self.rank}/{self._counter:06d}-{safe}"
+        self._counter += 1
+        attributes = {"ucp": {"dtype": dtype, "logical": logical, "region": region_to_dict(target)}}
+        small = array.nbytes <= SMALL_ARRAY_BYTES and chunk_count(shape, rows) <= 1
+        if small:
+            pending = self._target.storage.write_small(rel, array, dtype=storage_dtype(dtype), attributes=attributes)
+        else:
+            pending = self._target.storage.start_write(
+                rel, array, dtype=storage_dtype(dtype), chunk_rows=rows, attributes=attributes
+            )
+        frag = Fragment(key=rel.removeprefix("data/"), rank=self.rank, region=target,
+                        nbytes=array.nbytes, chunk_rows=rows, checksums=sums)
+        self._part["fragments"].setdefault(logical, []).append(frag.to_dict())
+        self._bytes += array.nbytes
+        if pending is None:
+            return
+        self._pending.append((pending, array.nbytes if copied else 0))
+        self._inflight_bytes += array.nbytes if copied else 0
+        self._pump()
+
+    def _add_to_pack(self, logical: str, array, target: Region, rows: int, sums: tuple[str, ...]) -> None:
+        """Append a small fragment's bytes to this rank's open pack (docs/FORMAT.md, "Packs")."""
+        if self._pack_key is None:
+            self._pack_key = f"r{self.rank}/pack-{self._counter:06d}"
+            self._counter += 1
+        offset = len(self._pack)
+        self._pack += array.reshape(-1).view("u1").data
+        self._pack += bytes(-len(self._pack) % PACK_ALIGN)
+        frag = Fragment(key=self._pack_key, rank=self.rank, region=target, nbytes=array.nbytes,
+                        chunk_rows=rows, checksums=sums, pack_offset=offset)
+        self._part["fragments"].setdefault(logical, []).append(frag.to_dict())
+        self._bytes += array.nbytes
+        if len(self._pack) >= PACK_TARGET_BYTES:
+            self._flush_pack()
+
+    def _flush_pack(self) -> None:
+        if self._pack_key is None:
+            return
+        import numpy as np
+
+        array = np.frombuffer(self._pack, dtype=np.uint8)
+        pending = self._target.storage.write_small(
+            f"data/{self._pack_key}", array, dtype="uint8", attributes={"ucp": {"pack": True}}
+        )
+        self._pack_key, self._pack = None, bytearray()
+        if pending is not None:
+            self._pending.append((pending, array.nbytes))
+            self._inflight_bytes += array.nbytes
+            self._pump()
+
+    def _pump(self, *, drain: bool = False) -> None:
+        storage = self._target.storage
+        for pending, _ in self._pending:
+            if isinstance(pending, Future):
+                continue
+            if pending.writing is None and (drain or len(self._pending) >= 8):
+                storage.issue_write(pending)
+        while self._pending and (
+            drain or len(self._pending) > MAX_INFLIGHT or self._inflight_bytes > MAX_INFLIGHT_BYTES
+        ):
+            pending, nbytes = self._pending.popleft()
+            if isinstance(pending, Future):
+                pending.result()
+            else:
+                storage.finish_write(pending)
+            self._inflight_bytes -= nbytes
+
+    def set_state(self, tree: Any) -> None:
+        """Record this rank's non-tensor state: a JSON tree (tensors as ``{"$tensor": key}``)."""
+        self._check_open()
+        try:
+            self._part["state"] = json_safe(tree)
+        except (TypeError, ValueError) as err:
+            raise UcpError(f"state tree is not JSON ({err}); encode it with ucp.state.flatten_state") from None
+
+    # -- finishing -----------------------------------------------------------
+    def close(self) -> SaveResult:
+        """Finish the writes and commit (collective with a process group)."""
+        self._check_open()
+        self._closed = True
+        try:
+            return self._close()
+        finally:
+            self._release()
+
+    def _close(self) -> SaveResult:
+        try:
+            self._flush_pack()
+            self._pump(drain=True)
+            self._target.storage.sync()
+        except Exception as err:  # noqa: BLE001
+            if self._pg is None:
+                self._cleanup()
+                raise
+            self._part["error"] = f"{type(err).__name__}: {err}"
+        if self._pg is not None:
+            return self._close_collective()
+        if self.world_size > 1:
+            write_part(self._target, self.rank, self._part)
+            return self._result(committed=False)
+        try:
+            manifest = merge_parts([self._part], created=_now())
+            commit(self._target, manifest)
+        except BaseException:
+            self._cleanup()
+            raise
+        return self._result(committed=True, manifest=manifest)
+
+    def _close_collective(self) -> SaveResult:
+        import torch.distributed as dist
+
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, self._part, group=self._pg)
+        outcome: list[Any] = [None]
+        manifest = None
+        try:
+            manifest = merge_parts(parts, created=_now())  # every rank checks, so every rank raises alike
+        except UcpError as err:
+            if self.rank == 0:
+                self._cleanup()
+            if self._part["error"]:
+                raise UcpError(f"save aborted on this rank: {self._part['error']}") from err
+            raise
+        if self.rank == 0:
+            try:
+                commit(self._target, manifest)
+            except Exception as err:  # noqa: BLE001 - reported to every rank
+                outcome[0] = err
+                self._cleanup()
+        dist.broadcast_object_list(outcome, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        if outcome[0] is not None:
+            raise outcome[0]
+        return self._result(committed=True, manifest=manifest)
+
+    def abort(self, reason: str | None = None) -> None:
+        """Give up this save: nothing is committed (collective with a process group).
+
+        ``reason`` is what the other ranks' ``close()`` reports.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._abort(reason)
+        finally:
+            self._release()
+
+    def _abort(self, reason: str | None) -> None:
+        for pending, _ in self._pending:
+            try:
+                pending.result() if isinstance(pending, Future) else self._target.storage.finish_write(pending)
+            except Exception:  # noqa: BLE001 - the save is being thrown away
+                pass
+        self._pending.clear()
+        if self._pg is not None:
+            import torch.distributed as dist
+
+            self._part["error"] = self._part["error"] or reason or f"aborted by rank {self.rank}"
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, self._part, group=self._pg)
+            if self.rank == 0:
+                self._cleanup()
+            dist.broadcast_object_list([None], src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        elif self.world_size == 1:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        try:
+            _abort(self._target)
+        except OSError:
+            pass
+
+    def _release(self) -> None:
+        self._target.storage.close()
+        self._target.final.close()
+
+    def _result(self, *, committed: bool, manifest: Manifest | None = None) -> SaveResult:
+        nfrags = sum(len(v) for v in self._part["fragments"].values())
+        return SaveResult(self.path, self.rank, self.world_size, committed, nfrags, self._bytes, manifest)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UcpError(f"the writer for {self.path} is already closed")
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort(f"{exc_type.__name__}: {exc}")
+
+
+def finalize(path: str, *, world_size: int, storage_options: dict | None = None) -> SaveResult:
+    """Commit a checkpoint whose ``world_size`` ranks each closed a writer without a process group.
+
+    Example::
+
+        # on every rank:  ucp.save(state, "ckpt/5", rank=r, world_size=4)
+        # then, once:     ucp.finalize("ckpt/5", world_size=4)
+    """
+    target = open_target(path, token=SHARED_TOKEN, storage_options=storage_options)
+    parts = read_parts(target, world_size)
+    manifest = merge_parts(parts, created=_now())
+    commit(target, manifest)
+    return SaveResult(str(path), 0, world_size, True, sum(len(t.fragments) for t in manifest.tensors.values()),
+                      0, manifest)
+
+
+def _write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> list[tuple[Region, Region]]:
+    """The (local-in-data, target) sub-regions this replica writes of one piece."""
+    whole_local: Region = Box.full(tuple(data.shape)) if isinstance(piece.local, Box) else FlatRange(0, data.numel())
+    if tspec.replicas == 1:
+        return [(whole_local, piece.target)]
+    if tspec.policy == "take-first":
+        return [(whole_local, piece.target)] if tspec.replica == 0 else []
+    nbytes = data.numel() * data.element_size()
+    splittable = isinstance(piece.target, FlatRange) or piece.target.ndim > 0
+    if nbytes < SPREAD_MIN_BYTES or not splittable:
+        chosen = zlib.crc32(f"{piece.logical}{piece.target}".encode()) % tspec.replicas
+        return [(whole_local, piece.target)] if tspec.replica == chosen else []
+    if isinstance(piece.target, FlatRange):
+        offset, length = split_evenly(piece.target.numel, tspec.replicas, tspec.replica)
+        if not length:
+            return []
+        start = piece.target.start + offset
+        return [(FlatRange(offset, offset + length), FlatRange(start, start + length))]
+    offset, length = split_evenly(piece.target.sizes[0], tspec.replicas, tspec.replica)
+    if not length:
+        return []
+    sizes = (length,) + piece.target.sizes[1:]
+    local = Box((offset,) + (0,) * (len(sizes) - 1), sizes)
+    target = Box((piece.target.offsets[0] + offset,) + piece.target.offsets[1:], sizes)
+    return [(local, target)]
+
+
+def _local_region(tensor: torch.Tensor, region: Region, key: str) -> torch.Tensor:
+    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range."""
+    if isinstance(region, Box):
+        if region.ndim != tensor.dim() or not Box.full(tuple(tensor.shape)).contains(region):
+            raise ShapeMismatchError(
+                f"tensor {key!r} has shape {list(tensor.shape)}, which does not contain the spec's local box "
+                f"{region}; fix the spec or pass the right tensor"
+            )
+        return tensor[region.slices()] if region.ndim else tensor
+    if region.stop > tensor.numel():
+        raise ShapeMismatchError(
+            f"tensor {key!r} has {tensor.numel()} elements, fewer than the spec's local range {region}; fix the spec"
+        )
+    return tensor.reshape(-1)[region.start : region.stop]
+
+
+def _contiguous_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu").contiguous()
+
+
+def _average(data: torch.Tensor, replicas: int, world_size: int, pg: Any, key: str) -> torch.Tensor:
+    import torch.distributed as dist
+
+    if replicas != world_size:
+        raise UcpError(
+            f"tensor {key!r}: policy 'average' needs its replicas to be the whole process group "
+            f"({replicas} replicas, {world_size} ranks); average it yourself or use 'check-equal'"
+        )
+    out = data.detach().clone()
+    dist.all_reduce(out, group=pg)
+    return out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    return type(tensor).__name__ == "DTensor"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
