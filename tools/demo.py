@@ -96,7 +96,7 @@ def _worker(rank: int, world: int, port: int, layout_text: str, directory: str, 
         optimizer = torch.optim.Adam(model.ordered_parameters(), lr=0.02)
         fmap = dm.fragment_map(layout, rank)
         manager = CheckpointManager(directory, save_policy=EveryNSteps(save_every), retention=KeepLast(3),
-                                    process_group=dist.group.WORLD, save_options={"spec": fmap})
+                                    process_group=dist.group.WORLD, save_options={"spec": fmap, "layout": layout})
         tracker = ETTRTracker(directory, flush_every_s=0.0) if rank == 0 else None  # toy steps: record each
 
         step = manager.latest_step() or 0

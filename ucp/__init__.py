@@ -36,6 +36,18 @@ _LAZY = {
     "CheckpointSummary": "ucp.summary",
     "UnsupportedDtypeError": "ucp.dtypes",
     "fragment_map_from_dtensors": "ucp.dtensor",
+    "async_save": "ucp.async_save",
+    "AsyncSaver": "ucp.async_save",
+    "AsyncSaveHandle": "ucp.async_save",
+    "CheckpointManager": "ucp.manager",
+    "SaveRecord": "ucp.manager",
+    "EveryNSteps": "ucp.policies",
+    "EveryTSeconds": "ucp.policies",
+    "AnyOf": "ucp.policies",
+    "KeepLast": "ucp.policies",
+    "KeepEvery": "ucp.policies",
+    "KeepAll": "ucp.policies",
+    "KeepUnion": "ucp.policies",
 }
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Iterator
 
@@ -21,7 +22,7 @@ from ucp.geometry import Box, FlatRange, Region
 from ucp.layout import Layout
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from ucp.state import flatten_state, set_path, tensor_refs, unflatten_state
+from ucp.state import FlatState, flatten_state, set_path, tensor_refs, unflatten_state
 from ucp.writer import CheckpointWriter, SaveResult, finalize  # noqa: F401 - re-exported
 
 SpecLike = FragmentMap | Callable[[dict], FragmentMap] | None
@@ -41,6 +42,7 @@ def save(
     overwrite: bool = False,
     allow_objects: bool = False,
     storage_options: dict | None = None,
+    logical: dict[str, LogicalTensor] | None = None,
 ) -> SaveResult:
     """Save a nested state (what you would pass to ``torch.save``) as a universal checkpoint.
 
@@ -48,10 +50,59 @@ def save(
     callable ``spec({key: (shape, dtype)}) -> FragmentMap``), with
     ``program`` + ``layout`` (a UCL program), from DTensor placements, or - for
     plain tensors under a process group - as replicas of the whole group.
+    ``logical`` (name -> LogicalTensor) tells a UCL program the whole shapes it
+    cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
+    partitions).
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> ucp.save({"w": torch.ones(2), "step": 3}, os.path.join(d, "c")).committed
+    True
+    """
+    flat, writer = open_writer(
+        state, path, spec=spec, process_group=process_group, rank=rank, world_size=world_size, program=program,
+        layout=layout, checksums=checksums, overwrite=overwrite, allow_objects=allow_objects,
+        storage_options=storage_options, logical=logical,
+    )
+    try:
+        for key, tensor in flat.tensors.items():
+            writer.add(key, tensor)
+        writer.set_state(flat.tree)
+    except BaseException as err:
+        writer.abort(f"{type(err).__name__}: {err}")
+        raise
+    return writer.close()
+
+
+def open_writer(
+    state: Any,
+    path: str | os.PathLike,
+    *,
+    spec: SpecLike = None,
+    process_group: Any = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    program: str | None = None,
+    layout: Layout | str | None = None,
+    allow_objects: bool = False,
+    logical: dict[str, LogicalTensor] | None = None,
+    **writer_options: Any,
+) -> tuple[FlatState, CheckpointWriter]:
+    """Validate ``state`` and open its writer: everything :func:`save` does before the first write.
+
+    Takes :func:`save`'s arguments (``checksums``, ``overwrite``, ``storage_options`` and the
+    other :class:`~ucp.writer.CheckpointWriter` options pass through). Returns the flattened
+    state (``.tensors``: key -> tensor, ``.tree``: the JSON tree) and the open writer; the
+    caller adds the tensors, sets the tree and closes (or aborts) the writer. Bad input on
+    any rank is refused on every rank, before anything is written. Async saves and
+    converters use it to write the same checkpoints as ``save``.
+
+    >>> import torch, tempfile, os
+    >>> flat, writer = open_writer({"w": torch.ones(2), "step": 1}, os.path.join(tempfile.mkdtemp(), "c"))
+    >>> for key, tensor in flat.tensors.items():
+    ...     writer.add(key, tensor)
+    >>> writer.set_state(flat.tree)
+    >>> writer.close().committed
     True
     """
     try:  # validate before anything is written
@@ -85,21 +136,14 @@ def save(
         from ucl.bind import spec_for_save
 
         program_text = _program_text(program)
-        spec = spec_for_save(program, lay, rank, local)
+        spec = spec_for_save(program, lay, rank, local, shapes=logical)
     elif spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(local)
     writer = CheckpointWriter(
         os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
-        checksums=checksums, overwrite=overwrite, storage_options=storage_options, layout=lay, program=program_text,
+        layout=lay, program=program_text, **writer_options,
     )
-    try:
-        for key, tensor in flat.tensors.items():
-            writer.add(key, tensor)
-        writer.set_state(flat.tree)
-    except BaseException as err:
-        writer.abort(f"{type(err).__name__}: {err}")
-        raise
-    return writer.close()
+    return flat, writer
 
 
 def load(
@@ -156,7 +200,12 @@ def load(
     tensors: dict[str, torch.Tensor] = {}
     with reader:
         for key, (tspec, shape, dtype) in targets.items():
-            dest = into_tensors[key] if into_tensors is not None else torch.empty(shape, dtype=torch_dtype(dtype))
+            if into_tensors is not None:
+                dest = into_tensors[key]
+            elif sum(piece.local.numel for piece in tspec.pieces) == math.prod(shape):
+                dest = torch.empty(shape, dtype=torch_dtype(dtype))
+            else:  # padding no piece covers (vocab, ZeRO alignment) reads as zeros, not garbage
+                dest = torch.zeros(shape, dtype=torch_dtype(dtype))
             for piece in tspec.pieces:
                 _fill(reader, piece.logical, piece.target, piece.local, _local(dest))
             if into_tensors is None and device.type != "cpu":
@@ -208,13 +257,14 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
                     raise _key_error(reader.path, [key], [])
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
-            if not pieces:
+            # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
+            known = getattr(spec, "local", {}).get(key)
+            if not pieces and known is None:
                 continue
             tspec = TensorSpec(key, pieces, tspec.replica, tspec.replicas, tspec.policy)
-            # A compiled UCL map knows each local shape, padding included; else the pieces bound it.
-            known = getattr(spec, "local", {}).get(key)
             shape = tuple(known.shape) if known is not None else _local_shape(pieces)
-            out[key] = (tspec, shape, logical[pieces[0].logical].dtype)
+            dtype = known.dtype if known is not None else logical[pieces[0].logical].dtype
+            out[key] = (tspec, shape, dtype)
     if into is not None:
         for key, (tspec, shape, dtype) in out.items():
             _check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ucp.api import open_writer
 from ucp.errors import AsyncSaveError
 from ucp.staging import DEFAULT_BUDGET_BYTES, PoolStats, StagedBlock, StagingPool, staged_nbytes
 
@@ -116,6 +117,17 @@ class AsyncSaver:
 
     ``save_kwargs`` given to :meth:`save` are those of :func:`ucp.save` (``spec``,
     ``process_group``, ``rank``, ``world_size``, ``checksums``, ``overwrite``...).
+    The budget defaults to 2 GiB; the arena takes ``min(budget, state size)``
+    and is kept for the next save (``stats()`` shows it).
+
+    Example::
+
+        saver = AsyncSaver(staging_budget=4 << 30)
+        for step in range(1, steps + 1):
+            train_one_step()
+            if step % 100 == 0:
+                saver.save(state, f"ckpt/step_{step}")  # waits for the previous save first
+        saver.wait()
     """
 
     def __init__(self, *, staging_budget: int | None = None, pin_memory: bool | None = None) -> None:
@@ -153,7 +165,10 @@ class AsyncSaver:
 
     def _start(self, state: Any, path: str | Path, save_kwargs: dict[str, Any]) -> AsyncSaveHandle:
         started = time.perf_counter()
-        flat, writer = _open_writer(state, path, save_kwargs)
+        # Everything that can be refused (bad input on any rank, an existing checkpoint) is
+        # refused here, in the caller's thread; flattening copies the non-tensor state into
+        # fresh JSON values: the snapshot of the tree.
+        flat, writer = open_writer(state, path, **save_kwargs)
         handle = AsyncSaveHandle(path)
         stageable = {k for k, t in flat.tensors.items() if type(t) in (torch.Tensor, torch.nn.Parameter)}
         total = sum(staged_nbytes(flat.tensors[k]) for k in stageable)
@@ -218,7 +233,7 @@ class AsyncSaver:
 
         def hand_back() -> None:
             nonlocal unflushed_bytes
-            _flush(writer)
+            writer.flush()
             for block in unflushed:
                 self.pool.release(block)
             unflushed.clear()
@@ -256,70 +271,6 @@ class AsyncSaver:
         finally:
             self.pool.release_all()
             handle._finish(error)
-
-
-def _flush(writer: Any) -> None:
-    """Complete every write the writer has queued, so it references no tensor passed to ``add``."""
-    flush = getattr(writer, "flush", None)
-    if flush is not None:
-        flush()
-    else:  # TODO(core): CheckpointWriter.flush() is not public yet
-        writer._pump(drain=True)
-
-
-def _open_writer(state: Any, path: str | Path, save_kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """Flatten and validate ``state`` and open its writer, exactly as :func:`ucp.save` does.
-
-    Everything that can be refused (bad input, an existing checkpoint) is
-    refused here, in the caller's thread, before anything runs in the background.
-    """
-    import os
-
-    from ucp.dtypes import check_supported, dtype_name
-    from ucp.layout import Layout
-    from ucp.spec import FragmentMap
-    from ucp.state import flatten_state
-    from ucp.writer import CheckpointWriter
-
-    options = dict(save_kwargs)
-    allow_objects = options.pop("allow_objects", False)
-    spec = options.pop("spec", None)
-    program = options.pop("program", None)
-    layout = options.pop("layout", None)
-    process_group = options.get("process_group")
-    # Flattening copies the non-tensor state into fresh JSON values: the snapshot of the tree.
-    flat = flatten_state(state, allow_objects=allow_objects)
-    for key, tensor in flat.tensors.items():
-        check_supported(tensor.dtype, key=key)
-    rank, world_size = options.pop("rank", None), options.pop("world_size", None)
-    if process_group is not None:
-        import torch.distributed as dist
-
-        rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
-    lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    local = {
-        k: (tuple((t.to_local() if type(t).__name__ == "DTensor" else t).shape), dtype_name(t.dtype))
-        for k, t in flat.tensors.items()
-    }
-    program_text = None
-    if program is not None and spec is None:
-        if lay is None:
-            raise ValueError("program needs a layout (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
-        from ucl.bind import spec_for_save
-
-        program_text = program
-        if "\n" not in program and os.path.isfile(program):
-            with open(program, encoding="utf-8") as fh:
-                program_text = fh.read()
-        spec = spec_for_save(program, lay, rank, local)
-    elif spec is not None and not isinstance(spec, FragmentMap):
-        spec = spec(local)
-    writer = CheckpointWriter(
-        os.fspath(path), rank=rank, world_size=world_size, spec=spec, layout=lay, program=program_text, **options
-    )
-    return flat, writer
 
 
 @functools.cache

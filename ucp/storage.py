@@ -1,15 +1,20 @@
-"""Where bytes live: fsspec paths, and zarr v3 arrays through tensorstore.
+"""Where bytes live: fsspec paths, and zarr v3 arrays (plain files, or tensorstore).
 
-Large arrays are written by tensorstore (the ``zarr3`` driver); small one-chunk
-arrays and packs as their two plain files (the same bytes), and local chunk
-files are read with plain reads (docs/FORMAT.md, section 8, says why).
+On a local disk every array is written as its plain files (``zarr.json`` and
+the raw chunk files, the same bytes tensorstore writes) straight from the
+tensor's memory by a few threads, each chunk hashed piece by piece right
+before it is written and fsynced right after; packs of small tensors are
+written the same way, from the tensors themselves. Local chunk files are read
+with plain reads too (docs/FORMAT.md, section 8, says why).
 
-tensorstore cannot see fsspec filesystems (``memory://``, ``s3://`` through
-fsspec, ...), so for those a fragment is written into a private
-tensorstore ``memory`` kvstore and its keys (``zarr.json`` and the chunk files)
-are then copied through fsspec; reads copy just the keys they need (the
-metadata and the chunks a read touches) the other way. Either way the bytes
-on the store are the same plain zarr v3 arrays (docs/FORMAT.md).
+tensorstore's ``zarr3`` driver remains the writer for other stores and the
+reference the plain writer is tested against. It cannot see fsspec
+filesystems (``memory://``, ``s3://`` through fsspec, ...), so there a
+fragment is written into a private tensorstore ``memory`` kvstore and its keys
+(``zarr.json`` and the chunk files) are then copied through fsspec; reads copy
+just the keys they need (the metadata and the chunks a read touches) the other
+way. Either way the bytes on the store are the same plain zarr v3 arrays
+(docs/FORMAT.md).
 
 Example::
 
@@ -23,9 +28,10 @@ import json
 import math
 import os
 import posixpath
-from concurrent.futures import ThreadPoolExecutor
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import fsspec
 import numpy as np
@@ -42,6 +48,12 @@ SMALL_ARRAY_BYTES = 4 << 20
 # Target bytes per chunk: large, so a partial read touches few chunk files,
 # and bounded, so a read buffer (one chunk) stays small next to a shard.
 CHUNK_BYTES = 32 << 20
+
+# Threads that write and read plain chunk files (and fsync): I/O overlaps, and hashing with it.
+IO_THREADS = 4
+
+# Plain chunk writes go in pieces this big, each hashed right before it is written.
+WRITE_PIECE_BYTES = 1 << 20
 
 
 def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | None = None) -> int:
@@ -107,6 +119,7 @@ class Storage:
         self.context = ts.Context({"file_io_sync": False})
         self._threads: ThreadPoolExecutor | None = None
         self._pack_cache: tuple[str, bytes] | None = None
+        self._synced: set[str] = set()  # chunk files already fsynced by their writer thread
         self.reused = False  # set when the location may hold arrays of an earlier, killed save
         self._memory = None if self.local else ts.KvStore.open({"driver": "memory"}, context=self.context).result()
 
@@ -173,20 +186,93 @@ class Storage:
         opening = ts.open(spec, create=True, delete_existing=self.reused, context=self.context)
         return _PendingWrite(rel, opening, array)
 
-    def write_small(self, rel: str, array: np.ndarray, *, dtype: str, attributes: dict) -> Any:
-        """Write a one-chunk array as its two plain files (same bytes tensorstore would write).
+    def write_plain(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
+                    hasher: Callable[[], Any] | None = None) -> list[Future]:
+        """Write the zarr array ``rel`` as its plain files (the bytes tensorstore would write).
 
-        Local files are written by a small thread pool: returns a future to wait on (None when done).
+        Returns one future per chunk, resolving to the hex digest of the chunk's valid
+        elements by a streaming hasher from ``hasher()`` (None without ``hasher``). On a
+        local disk each chunk file is written straight from ``array``'s memory by a few
+        threads and fsynced there (no copy; an edge chunk gets its zero fill by extending
+        the file): ``array`` must stay unchanged until its futures are done. Elsewhere the
+        files are put through fsspec before this returns.
         """
         shape = tuple(array.shape)
-        meta = {"zarr_format": 3, "node_type": "array", **array_metadata(shape, dtype, shape[0] if shape else 1, attributes)}
-        files = {"zarr.json": json.dumps(meta).encode()}
-        if array.size:
-            files[chunk_key(shape, 0)] = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        array = _little_endian(array)
+        rest = math.prod(max(1, s) for s in shape[1:]) if shape else 1
+        full = chunk_rows * rest * array.itemsize if shape else array.itemsize
+        chunks = [(chunk_key(shape, i), array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array)
+                  for i in range(chunk_count(shape, chunk_rows))]
+        directory = self._create_array(rel, array_metadata(shape, dtype, chunk_rows, attributes))
+        if directory is None:
+            self.fs.pipe({self.path(rel, name): part.tobytes() + bytes(full - part.nbytes) for name, part in chunks})
+            return [_done(_hexdigests(hasher, [part])[0]) for _, part in chunks]
+        pool = self._pool()
+        return [pool.submit(self._write_file, os.path.join(directory, name), [part], 1, full, hasher)
+                for name, part in chunks]
+
+    def write_pack(self, rel: str, arrays: list[np.ndarray], *, align: int,
+                   hasher: Callable[[], Any] | None = None) -> Future:
+        """Write a pack (docs/FORMAT.md, "Packs"): ``arrays``' bytes back to back, each at a multiple of ``align``.
+
+        The bytes go straight from the arrays' memory (as :meth:`write_plain`); returns a
+        future of the list of the arrays' hex digests (Nones without ``hasher``).
+        """
+        arrays = [_little_endian(a) for a in arrays]
+        total = sum(a.nbytes + (-a.nbytes % align) for a in arrays)
+        directory = self._create_array(rel, array_metadata((total,), "uint8", total, {"ucp": {"pack": True}}))
+        name = chunk_key((total,), 0)
+        if directory is None:
+            data = b"".join(a.tobytes() + bytes(-a.nbytes % align) for a in arrays)
+            self.fs.pipe_file(self.path(rel, name), data)
+            return _done(_hexdigests(hasher, arrays))
+        return self._pool().submit(self._write_file, os.path.join(directory, name), arrays, align, total, hasher,
+                                   every=True)
+
+    def _create_array(self, rel: str, metadata: dict) -> str | None:
+        """Write an array's ``zarr.json``; its local directory, or None for an fsspec store."""
+        meta = json.dumps({"zarr_format": 3, "node_type": "array", **metadata}).encode()
         if not self.local:
-            self.fs.pipe({self.path(rel, name): data for name, data in files.items()})
+            self.fs.pipe_file(self.path(rel, "zarr.json"), meta)
             return None
-        return self._pool().submit(_write_files, self.path(rel), files)
+        directory = self.path(rel)
+        if self.reused and os.path.isdir(directory):
+            shutil.rmtree(directory)  # a killed earlier attempt's files must not linger
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "zarr.json"), "wb") as fh:
+            fh.write(meta)
+        return directory
+
+    def _write_file(self, path: str, arrays: list[np.ndarray], align: int, size: int,
+                    hasher: Callable | None, *, every: bool = False) -> Any:
+        """Write ``arrays`` into one file (each padded to ``align``), zero-filled up to ``size``; fsync it.
+
+        Each piece is hashed right before it is written, so the write reads it from cache.
+        Returns the digest of every array (``every``) or of the first.
+        """
+        found = []
+        zeros = bytes(align)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for array in arrays:
+                digest = hasher() if hasher is not None else None
+                view = memoryview(array.reshape(-1).view(np.uint8))
+                for start in range(0, view.nbytes, WRITE_PIECE_BYTES):
+                    piece = view[start : start + WRITE_PIECE_BYTES]
+                    if digest is not None:
+                        digest.update(piece)
+                    _write_all(fd, piece)
+                if view.nbytes % align:
+                    _write_all(fd, memoryview(zeros)[: -view.nbytes % align])
+                found.append(digest.hexdigest() if digest is not None else None)
+            if size > os.lseek(fd, 0, os.SEEK_CUR):
+                os.ftruncate(fd, size)  # an edge chunk's fill: zeros, as tensorstore writes it
+            # Synced here, while other files are still being written, not all at the end.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._synced.add(path)
+        return found if every else found[0]
 
     def close(self) -> None:
         """Let this storage's I/O threads go (it stays usable; a later read starts new ones)."""
@@ -198,7 +284,7 @@ class Storage:
     def _pool(self) -> ThreadPoolExecutor:
         # File creation is latency-bound (metadata ops); a few threads overlap it.
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ucp-write")
+            self._threads = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="ucp-io")
         return self._threads
 
     def read_small(self, rel: str, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray:
@@ -270,7 +356,7 @@ class Storage:
         paths = []
         for dirpath, _, files in os.walk(self.root):
             paths.append(dirpath)
-            paths.extend(os.path.join(dirpath, name) for name in files)
+            paths.extend(p for p in (os.path.join(dirpath, name) for name in files) if p not in self._synced)
         list(self._pool().map(_fsync_path, paths))
 
     def _flush_memory(self, rel: str) -> None:
@@ -366,11 +452,29 @@ class Storage:
         self._memory.write(posixpath.join(rel.strip("/"), name), data).result()
 
 
-def _write_files(directory: str, files: dict[str, bytes]) -> None:
-    os.makedirs(directory, exist_ok=True)
-    for name, data in files.items():
-        with open(os.path.join(directory, name), "wb") as fh:
-            fh.write(data)
+def _hexdigests(hasher: Callable | None, arrays: list[np.ndarray]) -> list[str | None]:
+    found = []
+    for array in arrays:
+        digest = hasher() if hasher is not None else None
+        if digest is not None:
+            digest.update(array.reshape(-1).view(np.uint8))
+        found.append(digest.hexdigest() if digest is not None else None)
+    return found
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[os.write(fd, view):]
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _fsync_path(path: str) -> None:

@@ -13,18 +13,19 @@ replica equality) and committed by group rank 0. Without one, ranks given
 ``rank``/``world_size`` write parts into a shared staging area and
 :func:`finalize` commits. Tensors passed to :meth:`CheckpointWriter.add` are
 referenced, not copied, until the write completes: leave them unchanged until
-``close()`` returns.
+``close()`` (or :meth:`CheckpointWriter.flush`) returns.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,15 +40,19 @@ from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import SPREAD_MIN_BYTES, FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.storage import SMALL_ARRAY_BYTES, chunk_count, chunk_rows_for
 
-# Writes kept in flight: enough to keep the disk busy with many small tensors,
-# few enough that tensors copied for writing (non-contiguous, GPU) stay bounded.
+# Writes kept in flight: enough to keep the disk busy with many small tensors, few
+# enough that buffers of writes (copies of non-contiguous or GPU tensors, tensorstore's
+# encoded chunks) stay bounded: every in-flight byte counts, whether copied or not.
 # Fragments up to PACK_MAX_BYTES are packed into a few files per rank (docs/FORMAT.md,
 # "Packs"): thousands of biases and norms otherwise cost thousands of files.
 PACK_MAX_BYTES = 256 << 10
 PACK_TARGET_BYTES = 16 << 20
 PACK_ALIGN = 64
 MAX_INFLIGHT = 64
-MAX_INFLIGHT_BYTES = 256 << 20
+MAX_INFLIGHT_BYTES = 64 << 20
+# Local arrays are written as plain chunk files straight from the tensor's memory
+# (docs/FORMAT.md, section 8); False writes them through tensorstore like remote ones.
+DIRECT_LOCAL_WRITES = True
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,8 @@ class CheckpointWriter:
         self._bytes = 0
         self._closed = False
         self._pack_max = pack_max_bytes
-        self._pack = bytearray()
+        self._pack: list[tuple[Any, dict]] = []  # the open pack: (array, fragment entry), written on flush
+        self._pack_len = 0
         self._pack_key: str | None = None
 
     # -- setup ---------------------------------------------------------------
@@ -195,7 +201,7 @@ class CheckpointWriter:
                 data = _average(data, replicas, self.world_size, self._pg, key)
             if replicas > 1 and tspec.policy == "check-equal" and self._pg is not None:
                 self._part["replica_digests"].append(
-                    [lt.name, region_to_dict(piece.target), _checksum.digest(to_numpy(_contiguous_cpu(data)))]
+                    [lt.name, region_to_dict(piece.target), _checksum.digest(_host_array(data))]
                 )
             for sub_local, sub_target in _write_units(piece, data, tspec):
                 self._write(lt.name, name, data, sub_local, sub_target)
@@ -207,73 +213,82 @@ class CheckpointWriter:
         else:
             part = data[local.start : local.stop]
             shape = (local.numel,)
-        copied = part.device.type != "cpu" or not part.is_contiguous()
-        array = to_numpy(_contiguous_cpu(part)).reshape(shape)
+        array = _host_array(part).reshape(shape)
         rows = chunk_rows_for(shape, array.itemsize)
-        sums: tuple[str, ...] = ()
-        if self._checksums:
-            flat = array.reshape(-1) if not shape else array
-            sums = tuple(
-                _checksum.digest(flat[i * rows : (i + 1) * rows] if shape else flat)
-                for i in range(chunk_count(shape, rows))
-            )
-        if self._pack_max and 0 < array.nbytes <= self._pack_max and chunk_count(shape, rows) == 1:
-            self._add_to_pack(logical, array, target, rows, sums)
+        chunks = chunk_count(shape, rows)
+        if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
+            self._add_to_pack(logical, array, target, rows)
             return
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", logical)[:80]
         rel = f"data/r{self.rank}/{self._counter:06d}-{safe}"
         self._counter += 1
         attributes = {"ucp": {"dtype": dtype, "logical": logical, "region": region_to_dict(target)}}
-        small = array.nbytes <= SMALL_ARRAY_BYTES and chunk_count(shape, rows) <= 1
-        if small:
-            pending = self._target.storage.write_small(rel, array, dtype=storage_dtype(dtype), attributes=attributes)
-        else:
-            pending = self._target.storage.start_write(
-                rel, array, dtype=storage_dtype(dtype), chunk_rows=rows, attributes=attributes
-            )
         frag = Fragment(key=rel.removeprefix("data/"), rank=self.rank, region=target,
-                        nbytes=array.nbytes, chunk_rows=rows, checksums=sums)
-        self._part["fragments"].setdefault(logical, []).append(frag.to_dict())
+                        nbytes=array.nbytes, chunk_rows=rows).to_dict()
+        self._part["fragments"].setdefault(logical, []).append(frag)
         self._bytes += array.nbytes
-        if pending is None:
+        storage = self._target.storage
+        if (array.nbytes <= SMALL_ARRAY_BYTES and chunks <= 1) or (storage.local and DIRECT_LOCAL_WRITES):
+            # Plain files, checksummed and written by the storage's threads from the array itself.
+            futures = storage.write_plain(rel, array, dtype=storage_dtype(dtype), chunk_rows=rows,
+                                          attributes=attributes, hasher=self._hasher)
+            frag["checksums"] = [""] * len(futures) if self._checksums else []
+            row_bytes = array.nbytes // shape[0] if shape and shape[0] else array.nbytes
+            for index, future in enumerate(futures):
+                nbytes = min(rows, shape[0] - index * rows) * row_bytes if shape else array.nbytes
+                self._queue(future, nbytes, functools.partial(_record_checksum, frag["checksums"], index))
             return
-        self._pending.append((pending, array.nbytes if copied else 0))
-        self._inflight_bytes += array.nbytes if copied else 0
-        self._pump()
+        frag["checksums"] = list(self._sums(array, shape, rows))
+        pending = storage.start_write(rel, array, dtype=storage_dtype(dtype), chunk_rows=rows, attributes=attributes)
+        self._queue(pending, array.nbytes)
 
-    def _add_to_pack(self, logical: str, array, target: Region, rows: int, sums: tuple[str, ...]) -> None:
-        """Append a small fragment's bytes to this rank's open pack (docs/FORMAT.md, "Packs")."""
+    @property
+    def _hasher(self):
+        return _checksum.hasher if self._checksums else None
+
+    def _sums(self, array, shape: tuple[int, ...], rows: int) -> tuple[str, ...]:
+        """Per-chunk checksums of the valid elements, computed here (docs/FORMAT.md, section 3)."""
+        if not self._checksums:
+            return ()
+        return tuple(_checksum.digest(array[i * rows : (i + 1) * rows] if shape else array)
+                     for i in range(chunk_count(shape, rows)))
+
+    def _add_to_pack(self, logical: str, array, target: Region, rows: int) -> None:
+        """Add a small fragment to this rank's open pack (docs/FORMAT.md, "Packs").
+
+        The pack is written straight from the fragments' memory when it is full (or flushed).
+        """
         if self._pack_key is None:
             self._pack_key = f"r{self.rank}/pack-{self._counter:06d}"
             self._counter += 1
-        offset = len(self._pack)
-        self._pack += array.reshape(-1).view("u1").data
-        self._pack += bytes(-len(self._pack) % PACK_ALIGN)
         frag = Fragment(key=self._pack_key, rank=self.rank, region=target, nbytes=array.nbytes,
-                        chunk_rows=rows, checksums=sums, pack_offset=offset)
-        self._part["fragments"].setdefault(logical, []).append(frag.to_dict())
+                        chunk_rows=rows, pack_offset=self._pack_len).to_dict()
+        self._part["fragments"].setdefault(logical, []).append(frag)
+        self._pack.append((array, frag))
+        self._pack_len += array.nbytes + (-array.nbytes % PACK_ALIGN)
         self._bytes += array.nbytes
-        if len(self._pack) >= PACK_TARGET_BYTES:
+        if self._pack_len >= PACK_TARGET_BYTES:
             self._flush_pack()
 
     def _flush_pack(self) -> None:
         if self._pack_key is None:
             return
-        import numpy as np
+        arrays, frags = zip(*self._pack)
+        future = self._target.storage.write_pack(f"data/{self._pack_key}", list(arrays), align=PACK_ALIGN,
+                                                 hasher=self._hasher)
+        nbytes = self._pack_len
+        self._pack_key, self._pack, self._pack_len = None, [], 0
+        self._queue(future, nbytes, functools.partial(_record_pack_checksums, frags))
 
-        array = np.frombuffer(self._pack, dtype=np.uint8)
-        pending = self._target.storage.write_small(
-            f"data/{self._pack_key}", array, dtype="uint8", attributes={"ucp": {"pack": True}}
-        )
-        self._pack_key, self._pack = None, bytearray()
-        if pending is not None:
-            self._pending.append((pending, array.nbytes))
-            self._inflight_bytes += array.nbytes
-            self._pump()
+    def _queue(self, pending: Any, nbytes: int, on_done: Callable[[Any], None] | None = None) -> None:
+        """Track one write in flight; every write counts against the in-flight bounds."""
+        self._pending.append((pending, nbytes, on_done))
+        self._inflight_bytes += nbytes
+        self._pump()
 
     def _pump(self, *, drain: bool = False) -> None:
         storage = self._target.storage
-        for pending, _ in self._pending:
+        for pending, *_ in self._pending:
             if isinstance(pending, Future):
                 continue
             if pending.writing is None and (drain or len(self._pending) >= 8):
@@ -281,12 +296,28 @@ class CheckpointWriter:
         while self._pending and (
             drain or len(self._pending) > MAX_INFLIGHT or self._inflight_bytes > MAX_INFLIGHT_BYTES
         ):
-            pending, nbytes = self._pending.popleft()
+            pending, nbytes, on_done = self._pending.popleft()
+            self._inflight_bytes -= nbytes
             if isinstance(pending, Future):
-                pending.result()
+                found = pending.result()
+                if on_done is not None:
+                    on_done(found)
             else:
                 storage.finish_write(pending)
-            self._inflight_bytes -= nbytes
+
+    def flush(self) -> None:
+        """Wait until every write queued so far has finished.
+
+        After it returns the writer references none of the tensors passed to :meth:`add`
+        (the open pack of small tensors is written out too), so their memory may be reused::
+
+            writer.add("w", staging_buffer)
+            writer.flush()
+            staging_buffer.copy_(next_tensor)   # safe now
+        """
+        self._check_open()
+        self._flush_pack()
+        self._pump(drain=True)
 
     def set_state(self, tree: Any) -> None:
         """Record this rank's non-tensor state: a JSON tree (tensors as ``{"$tensor": key}``)."""
@@ -369,7 +400,7 @@ class CheckpointWriter:
             self._release()
 
     def _abort(self, reason: str | None) -> None:
-        for pending, _ in self._pending:
+        for pending, *_ in self._pending:
             try:
                 pending.result() if isinstance(pending, Future) else self._target.storage.finish_write(pending)
             except Exception:  # noqa: BLE001 - the save is being thrown away
@@ -431,6 +462,16 @@ def finalize(path: str, *, world_size: int, storage_options: dict | None = None)
                       0, manifest)
 
 
+def _record_checksum(checksums: list[str], index: int, found: str | None) -> None:
+    if found is not None:
+        checksums[index] = found
+
+
+def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> None:
+    for frag, digest in zip(frags, found):
+        frag["checksums"] = [digest] if digest is not None else []
+
+
 def _write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> list[tuple[Region, Region]]:
     """The (local-in-data, target) sub-regions this replica writes of one piece."""
     whole_local: Region = Box.full(tuple(data.shape)) if isinstance(piece.local, Box) else FlatRange(0, data.numel())
@@ -474,8 +515,15 @@ def _local_region(tensor: torch.Tensor, region: Region, key: str) -> torch.Tenso
     return tensor.reshape(-1)[region.start : region.stop]
 
 
-def _contiguous_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu").contiguous()
+def _host_array(tensor: torch.Tensor):
+    """A C-contiguous numpy array of the tensor (a view when it already is one, on the CPU).
+
+    Non-contiguous CPU tensors are copied by numpy, not by torch's ``contiguous()``, whose
+    intra-op thread pool stalls when other processes keep the cores busy.
+    """
+    import numpy as np
+
+    return np.ascontiguousarray(to_numpy(tensor.detach().to("cpu")))
 
 
 def _average(data: torch.Tensor, replicas: int, world_size: int, pg: Any, key: str) -> torch.Tensor:

@@ -254,6 +254,29 @@ def test_async_save_equals_sync_save_bitwise(tmp_path: Path) -> None:
     assert_same_state(ucp.load(tmp_path / "async"), state)
 
 
+UCL = "ucl 1\ntensor w -> w\n  split dim 0 over tp\ntensor b -> b\n  replicate over tp\n"
+
+
+def test_async_save_with_a_ucl_program_equals_the_sync_save(tmp_path: Path) -> None:
+    # The async path opens its writer the way ucp.save does: same spec, layout, program, parts.
+    full_w, b = torch.arange(24.0).view(8, 3), torch.ones(3)
+    saver = AsyncSaver()
+    for rank in range(2):  # tp=2, each rank without a process group, then finalize
+        local = {"w": full_w[rank * 4 : rank * 4 + 4].clone(), "b": b.clone(), "step": 9}
+        ucp.save(local, tmp_path / "sync", program=UCL, layout="tp=2", rank=rank, world_size=2)
+        saver.save(local, tmp_path / "async", program=UCL, layout="tp=2", rank=rank, world_size=2).wait(timeout=60)
+    for name in ("sync", "async"):
+        ucp.finalize(tmp_path / name, world_size=2)
+    sync_files, async_files = files_of(tmp_path / "sync"), files_of(tmp_path / "async")
+    manifests = [json.loads(f.pop("manifest.json")) for f in (sync_files, async_files)]
+    for m in manifests:
+        m.pop("created")
+    assert manifests[0] == manifests[1] and manifests[0]["program"] == UCL
+    assert sync_files == async_files
+    out = ucp.load(tmp_path / "async", program=UCL, layout="tp=4", rank=3)
+    assert torch.equal(out["w"], full_w[6:8]) and out["step"] == 9
+
+
 def test_staging_buffers_are_reused_across_saves(tmp_path: Path) -> None:
     class RecordingPool(StagingPool):
         def __init__(self, **kw) -> None:
