@@ -1,5 +1,10 @@
 """The pipeline: stream lines -> parse -> mask -> template + category (cached) -> events -> incidents -> metrics.
 
+Speed comes from *line shapes*: lines equal up to their ASCII digits parse
+alike, so only the first line of each shape goes through the full reader and
+masker; the rest are read by slicing (see :class:`_Shapes`). Normal lines are
+counted, never turned into objects.
+
 Example::
 
     result = analyze_logs(["/var/log/slurm", "kern.log.gz"], state_path="templates.drain3")
@@ -9,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,10 +22,10 @@ from functools import lru_cache
 import numpy as np
 
 from reliability.logs.incidents import Incident, LemonNode, build_incidents, lemon_nodes
-from reliability.logs.inputs import iter_lines
-from reliability.logs.masking import mask
+from reliability.logs.inputs import iter_blocks
+from reliability.logs.masking import kept_numbers, mask, may_keep_numbers
 from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
-from reliability.logs.readers import LineReader
+from reliability.logs.readers import LineReader, LineShape
 from reliability.logs.records import Classification, Event, InputCounters
 from reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
 from reliability.logs.templates import TemplateStore
@@ -27,6 +33,7 @@ from reliability.logs.templates import TemplateStore
 SCHEMA_VERSION = 1
 _EXACT_CACHE_MAX = 200_000
 _MASK_CACHE_MAX = 1_000_000
+_SHAPE_CACHE_MAX = 200_000  # ~50 MB at most: GB-scale runs stay in bounded memory
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,78 @@ class TemplateJudge:
             if template_id is not None:
                 self._by_template[template_id] = verdict
         return verdict
+
+
+# A failure line while the run streams: the fields of Event but its incident, built
+# as a cheap tuple; the frozen Event is made once, when the incident is known.
+_Draft = namedtuple("_Draft", [f for f in Event.__dataclass_fields__ if f != "incident_id"])
+
+_EMPTY = ("empty",)  # shape markers, compared by identity in the hot loop
+_SLOW = ("slow",)
+_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False)
+_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False)
+
+
+class _Shapes:
+    """Shape key -> how to read lines of that shape, learned from each shape's first line.
+
+    An entry is ``(convert, ts_start, ts_end, node_start, node_end, keeps_node,
+    hit, msg_start, prefers_last_node)``: the slices and stamp converter of :class:`LineShape`, and
+    the shape's verdict ``hit`` (None when the verdict depends on the numbers the
+    mask keeps - those verdicts live in :attr:`by_numbers`). Every shape is
+    checked on its first line against the full parser; a shape that disagrees
+    is read slowly ever after, so the fast path never changes an answer.
+    """
+
+    def __init__(self, reader: LineReader):
+        self.reader = reader
+        self.known: dict[bytes, tuple] = {}
+        self.by_numbers: dict[tuple, tuple] = {}
+
+    def learn(self, key: bytes, file: str, lineno: int, text: str, read_slowly):
+        reader = self.reader
+        if not text.strip():
+            reader.counters.empty += 1
+            self._remember(key, _EMPTY_ENTRY)
+            return None
+        before_ts, before_node = reader.last_ts, reader.last_node
+        shape = reader.shape(text)
+        ts, node, message, hit = read_slowly(file, lineno, text)
+        entry = _SLOW_ENTRY
+        if shape is not None and self._agrees(shape, text, before_ts, before_node, ts, node, message):
+            decisive = may_keep_numbers(message)
+            if not decisive or shape.msg_start is not None:
+                convert, ts_start, ts_end = (None, 0, 0) if shape.ts is None or shape.ts is False else shape.ts
+                node_start, node_end = shape.node if shape.node is not None else (None, None)
+                entry = (convert, ts_start, ts_end, node_start, node_end, shape.keeps_node,
+                         None if decisive else hit, shape.msg_start, shape.prefers_last_node)
+                if decisive:
+                    self.by_numbers[(key, kept_numbers(text, shape.msg_start))] = hit
+        self._remember(key, entry)
+        return ts, node, hit
+
+    def _remember(self, key: bytes, entry: tuple) -> None:
+        if len(self.known) >= _SHAPE_CACHE_MAX:
+            self.known.clear()
+            self.by_numbers.clear()
+        self.known[key] = entry
+
+    @staticmethod
+    def _agrees(shape: LineShape, text: str, before_ts, before_node, ts, node, message) -> bool:
+        if shape.ts is None or shape.ts is False:
+            want_ts = before_ts
+        else:
+            convert, start, end = shape.ts
+            want_ts = convert(text[start:end])
+            if want_ts is None:
+                want_ts = before_ts
+        if shape.node is None or (shape.prefers_last_node and before_node is not None):
+            want_node = before_node
+        else:
+            want_node = text[shape.node[0]:shape.node[1]]
+        if shape.msg_start is not None and text[shape.msg_start:] != message:
+            return False
+        return want_ts == ts and want_node == node
 
 
 @dataclass(frozen=True)
@@ -145,10 +224,10 @@ def analyze_logs(paths: Iterable[str], *, taxonomy: Taxonomy | None = None, stat
     by_mask: dict[str, tuple] = {}
     line_categories: dict[str, int] = {}
     nodes: set[str] = set()
-    events: list[Event] = []
-    lo, hi = float("inf"), float("-inf")
-    seen = 0
-    for file, lineno, text in iter_lines(paths, counters=counters):
+    events: list[_Draft] = []
+
+    def read_slowly(file: str, lineno: int, text: str):
+        # Every step of the pipeline: failure lines, first lines of a shape, odd lines.
         ts, node, job, message, _source = parse(file, lineno, text)
         hit = exact.get(message)
         if hit is None:
@@ -160,21 +239,82 @@ def analyze_logs(paths: Iterable[str], *, taxonomy: Taxonomy | None = None, stat
                 hit = by_mask[masked] = judge.judge(masked, message)
             if len(exact) < _EXACT_CACHE_MAX:
                 exact[message] = hit
-        category = hit[1]
-        line_categories[category] = line_categories.get(category, 0) + 1
-        if node is not None:
-            nodes.add(node)
-        if ts is not None:
-            if ts < lo:
-                lo = ts
-            if ts > hi:
-                hi = ts
         if hit[3]:
-            events.append(Event(file=file, line=lineno, timestamp=ts, node=node, job=job, category=category,
-                                template_id=hit[0], confidence=hit[2], message=message[:500]))
-        seen += 1
-        if progress is not None and not seen & 0xFFFF:
-            progress(seen)
+            events.append(_Draft(file=file, line=lineno, timestamp=ts, node=node, job=job, category=hit[1],
+                                 template_id=hit[0], confidence=hit[2], message=message[:500]))
+        return ts, node, message, hit
+
+    shapes = _Shapes(reader)
+    known = shapes.known
+    by_numbers = shapes.by_numbers
+    lo, hi = float("inf"), float("-inf")
+    seen = 0
+    for file, first, texts, keys in iter_blocks(paths, counters=counters):
+        if file != reader.current_file:
+            reader.start_file(file)
+        for lineno, text, key in zip(range(first, first + len(texts)), texts, keys):
+            if text is None:
+                continue
+            shape = known.get(key)
+            if shape is None:  # the first line of its shape: read slowly, and learn the shape
+                learned = shapes.learn(key, file, lineno, text, read_slowly)
+                if learned is None:
+                    continue
+                ts, node, hit = learned
+            else:
+                hit = shape[6]
+                if hit is None:  # the category depends on the numbers the mask keeps ("Xid 79")
+                    numbers = (key, kept_numbers(text, shape[7]))
+                    hit = by_numbers.get(numbers)
+                    if hit is None:
+                        ts, node, _, hit = read_slowly(file, lineno, text)
+                        if len(by_numbers) >= _SHAPE_CACHE_MAX:
+                            by_numbers.clear()
+                        by_numbers[numbers] = hit
+                        shape = None
+                elif hit is _EMPTY:
+                    counters.empty += 1
+                    continue
+                if shape is None:
+                    pass
+                elif hit is _SLOW or (hit[3] and shape[7] is None):
+                    ts, node, _, hit = read_slowly(file, lineno, text)
+                else:  # a line of a known shape: slices and a cached stamp, no envelope regex, no mask
+                    convert = shape[0]
+                    if convert is None:
+                        ts = reader.last_ts
+                    else:
+                        ts = convert(text[shape[1]:shape[2]])
+                        if ts is None:
+                            counters.bad_timestamp += 1
+                            ts = reader.last_ts
+                        else:
+                            reader.last_ts = ts
+                    if ts is None:
+                        counters.no_timestamp += 1
+                    if shape[3] is None or (shape[8] and reader.last_node is not None):
+                        node = reader.last_node
+                    else:
+                        node = text[shape[3]:shape[4]]
+                        if shape[5]:
+                            reader.last_node = node
+                    if hit[3]:
+                        message = text[shape[7]:]
+                        events.append(_Draft(file=file, line=lineno, timestamp=ts, node=node,
+                                             job=reader.job_of(message), category=hit[1], template_id=hit[0],
+                                             confidence=hit[2], message=message[:500]))
+            category = hit[1]
+            line_categories[category] = line_categories.get(category, 0) + 1
+            if node is not None:
+                nodes.add(node)
+            if ts is not None:
+                if ts < lo:
+                    lo = ts
+                if ts > hi:
+                    hi = ts
+            seen += 1
+            if progress is not None and not seen & 0xFFFF:
+                progress(seen)
     store.save()
     return _summarize(events, taxonomy=taxonomy, store=store, judge=judge, counters=counters,
                       line_categories=line_categories, nodes=nodes,
@@ -185,8 +325,7 @@ def analyze_logs(paths: Iterable[str], *, taxonomy: Taxonomy | None = None, stat
 def _summarize(events, *, taxonomy, store, judge, counters, line_categories, nodes, first, last,
                options) -> LogAnalysis:
     incidents, member = build_incidents(events, taxonomy=taxonomy, window_s=options.window_s)
-    events = tuple(Event(e.file, e.line, e.timestamp, e.node, e.job, e.category, e.template_id, e.confidence,
-                         e.message, member[i]) for i, e in enumerate(events))
+    events = tuple(Event(*e, member[i]) for i, e in enumerate(events))
     span_s = (last - first) if first is not None and last is not None else 0.0
     fatal = sorted((i for i in incidents if i.fatal and i.start is not None), key=lambda i: i.start)
     rates = failure_rates(fatal_roots=[i.root_category for i in incidents if i.fatal],

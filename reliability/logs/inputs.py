@@ -1,7 +1,9 @@
 """Streaming log input: files, directories, globs, ``.gz`` and stdin, in constant memory.
 
-Lines are read as bytes with a length cap, so a file with a gigabyte-long
-"line" (a core dump pasted into a log) costs no more memory than the cap.
+Files are read in 1 MiB binary blocks and split into lines in C; a block
+that is clean UTF-8 text (the usual case) costs no per-line Python work
+here. A gigabyte-long "line" (a core dump pasted into a log) is truncated to
+the cap and costs no more memory than a block.
 Binary garbage is skipped, over-long lines are truncated and undecodable
 UTF-8 falls back to Latin-1; each repair is counted in :class:`InputCounters`.
 
@@ -26,6 +28,8 @@ from reliability.logs.records import InputCounters
 
 MAX_LINE_BYTES = 8192
 _CHUNK = 1 << 16
+_BLOCK = 1 << 20  # bytes read at a time; lines are split out of whole blocks
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # Control bytes other than tab/CR/LF/ESC: their presence marks a line as binary, not text.
 _CONTROL = bytes(b for b in range(32) if b not in (9, 10, 13, 27)) + b"\x7f"
 
@@ -86,40 +90,97 @@ def _decode(raw: bytes, counters: InputCounters) -> str | None:
     return text
 
 
-def iter_file_lines(path: str, counters: InputCounters) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) of one file; bad lines are counted and skipped or repaired."""
+def _clean(raw: bytes, counters: InputCounters) -> str | None:
+    """One line's bytes (newline removed) as text, or None when it is binary or blank (counted)."""
+    if len(raw) >= MAX_LINE_BYTES:
+        counters.truncated += 1
+        raw = raw[:MAX_LINE_BYTES]
+    if raw.isascii():
+        if len(raw.translate(None, _CONTROL)) != len(raw) and _is_binary(raw):
+            counters.binary_skipped += 1
+            return None
+        text = raw.decode("ascii")
+    else:
+        text = _decode(raw, counters)
+        if text is None:
+            counters.binary_skipped += 1
+            return None
+    text = text.rstrip("\r\n")
+    if not text.strip():
+        counters.empty += 1
+        return None
+    return text
+
+
+def shape_key(text: str) -> bytes:
+    """The key under which lines that differ only in their ASCII digits share one parse.
+
+    >>> shape_key("pid=1234 on gpu-07") == shape_key("pid=9876 on gpu-31")
+    True
+    """
+    return text.encode("utf-8", "surrogatepass").translate(_DIGITS_TO_ZERO)
+
+
+def _slow_block(lines: list[bytes], counters: InputCounters) -> tuple[list, list]:
+    texts = [_clean(raw, counters) for raw in lines]
+    return texts, [None if t is None else shape_key(t) for t in texts]
+
+
+def _fast_block(block: bytes, counters: InputCounters) -> tuple[list, list]:
+    # The common case costs a few C-level passes over the whole block, nothing per line:
+    # no control bytes, no CR, valid UTF-8, every line under the cap.
+    if b"\r" not in block and len(block.translate(None, _CONTROL)) == len(block):
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            keys = block.translate(_DIGITS_TO_ZERO).split(b"\n")
+            if max(map(len, keys)) < MAX_LINE_BYTES:
+                # Blank lines stay in, as "" (their key is b""): the consumer counts them.
+                return text.split("\n"), keys
+    return _slow_block(block.split(b"\n"), counters)
+
+
+def iter_line_blocks(path: str, counters: InputCounters) -> Iterator[tuple[int, list, list]]:
+    """``(first line number, texts, shape keys)`` per block of one file, read in big binary blocks.
+
+    A text is None where a line was skipped (binary or blank, counted) and may be
+    ``""`` or blank in a clean block (the consumer counts it as empty). Over-long
+    lines are truncated to :data:`MAX_LINE_BYTES` and counted; memory stays bounded
+    by the block size however long a line is.
+    """
     stream = _open_binary(path)
     lineno = 0
+    carry = b""
+    dropping = False  # inside an over-long line: skip bytes until its newline
     try:
-        readline = stream.readline
-        control = _CONTROL
         while True:
-            raw = readline(MAX_LINE_BYTES)
-            if not raw:
+            chunk = stream.read(_BLOCK)
+            if not chunk:
                 break
-            lineno += 1
-            if raw[-1:] != b"\n" and len(raw) == MAX_LINE_BYTES:
-                # Drain the rest of the over-long line without keeping it.
-                counters.truncated += 1
-                while True:
-                    rest = readline(_CHUNK)
-                    if not rest or rest[-1:] == b"\n":
-                        break
-            if raw.isascii():
-                if len(raw.translate(None, control)) != len(raw) and _is_binary(raw):
-                    counters.binary_skipped += 1
+            if dropping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
                     continue
-                text = raw.decode("ascii")
-            else:
-                text = _decode(raw, counters)
-                if text is None:
-                    counters.binary_skipped += 1
-                    continue
-            text = text.rstrip("\r\n")
-            if not text.strip():
-                counters.empty += 1
+                chunk, dropping = chunk[nl + 1:], False
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                carry += chunk
+                if len(carry) >= MAX_LINE_BYTES:  # a line longer than the cap: keep its head only
+                    texts, keys = _slow_block([carry], counters)
+                    lineno += 1
+                    yield lineno, texts, keys
+                    carry, dropping = b"", True
                 continue
-            yield lineno, text
+            block, carry = carry + chunk[:cut], chunk[cut + 1:]
+            texts, keys = _fast_block(block, counters)
+            yield lineno + 1, texts, keys
+            lineno += len(texts)
+        if carry:
+            texts, keys = _fast_block(carry, counters)
+            yield lineno + 1, texts, keys
+            lineno += len(texts)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         counters.unreadable_files.append(f"{path}: {err}")
     finally:
@@ -128,12 +189,24 @@ def iter_file_lines(path: str, counters: InputCounters) -> Iterator[tuple[int, s
         counters.lines += lineno
 
 
-def iter_lines(paths: Iterable[str], *, counters: InputCounters) -> Iterator[tuple[str, int, str]]:
-    """(file, 1-based line number, text) over every file ``paths`` names, streamed."""
+def iter_blocks(paths: Iterable[str], *, counters: InputCounters) -> Iterator[tuple[str, int, list, list]]:
+    """``(file, first line number, texts, shape keys)`` over every file ``paths`` names, streamed."""
     for path in expand_paths(paths):
         counters.files += 1
         try:
-            for lineno, text in iter_file_lines(path, counters):
-                yield path, lineno, text
+            for first, texts, keys in iter_line_blocks(path, counters):
+                yield path, first, texts, keys
         except PermissionError as err:
             counters.unreadable_files.append(f"{path}: {err}")
+
+
+def iter_lines(paths: Iterable[str], *, counters: InputCounters) -> Iterator[tuple[str, int, str]]:
+    """(file, 1-based line number, text) over every file ``paths`` names, streamed; blank lines skipped."""
+    for path, first, texts, _ in iter_blocks(paths, counters=counters):
+        for lineno, text in enumerate(texts, start=first):
+            if text is None:
+                continue
+            if not text.strip():
+                counters.empty += 1
+                continue
+            yield path, lineno, text

@@ -8,7 +8,9 @@ line first, so detection costs one regex per line in the common case. Fields
 the envelope lacks (a node named inside a Slurm or NCCL message, a job id)
 are then looked for in the message. A line that fits no envelope keeps its
 whole text as the message and inherits the file's last timestamp and node,
-which is what a traceback's continuation lines need.
+which is what a traceback's continuation lines need. :meth:`LineReader.shape`
+records where the fields of a line sit, so that lines of the same shape (equal
+up to their digits) can be read by slicing instead of matching.
 
 Example::
 
@@ -24,6 +26,7 @@ import calendar
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from reliability.logs.records import InputCounters, LogRecord
@@ -71,6 +74,68 @@ def _utc(year: int, month: int, day: int, hour: int, minute: int, second: int) -
     return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
 
 
+@dataclass(frozen=True)
+class LineShape:
+    """How to read every line of one shape: spans instead of regexes (see :meth:`LineReader.shape`).
+
+    ``ts`` is None (no envelope: inherit the file's last stamp), False (an
+    envelope without wall-clock time) or ``(convert, start, end)``; ``node``
+    is a span or None (inherit the file's last node); ``msg_start`` is where
+    the message starts (None when the envelope rebuilds it, as loghub HPC does).
+    """
+
+    source: str
+    ts: tuple | bool | None
+    node: tuple[int, int] | None
+    msg_start: int | None
+    keeps_node: bool  # the node read becomes the file's last node (not for Slurm's controller log)
+    prefers_last_node: bool = False  # no envelope: the file's last node wins over one in the message
+
+
+class _StampCache:
+    """Timestamp text -> POSIX seconds, cached per minute: logs repeat a minute many times."""
+
+    def __init__(self, reader: "LineReader"):
+        self._reader = reader
+        self._iso_minutes: dict[str, float | None] = {}
+        self._syslog_minutes: dict[str, float | None] = {}
+
+    def iso(self, text: str) -> float | None:
+        minute = text[:16]
+        base = self._iso_minutes.get(minute, -1.0)
+        if base == -1.0:
+            base = self._reader._iso(minute + ":00") if len(text) >= 19 else None
+            if len(self._iso_minutes) > 100_000:
+                self._iso_minutes.clear()
+            self._iso_minutes[minute] = base
+        tail = text[19:]
+        if base is None or text[16:17] != ":" or not text[17:19].isdigit() or (tail and tail[0] not in ".,"):
+            return self._reader._iso(text)  # odd seconds, time zones, bad dates: the full parser
+        second = int(text[17:19])
+        if second > 60:
+            return None
+        if not tail:
+            return base + second
+        if tail[1:].isdigit():
+            return base + second + float("0." + tail[1:])
+        return self._reader._iso(text)
+
+    def syslog(self, text: str) -> float | None:
+        # "Jun 14 15:16:01" or "Jun  3 15:16:01"
+        minute = text[:-3]
+        base = self._syslog_minutes.get(minute, -1.0)
+        if base == -1.0:
+            mon, day, hms = text.split()
+            base = self._reader._month_day(mon, day, hms[:5] + ":00", self._reader.default_year)
+            if len(self._syslog_minutes) > 100_000:
+                self._syslog_minutes.clear()
+            self._syslog_minutes[minute] = base
+        second = int(text[-2:])
+        if base is None or second > 60:
+            return None
+        return base + second
+
+
 class LineReader:
     """Parses lines into ``(timestamp, node, job, message, source)`` with per-file context.
 
@@ -83,13 +148,14 @@ class LineReader:
         self.default_year = default_year or datetime.now(timezone.utc).year
         self.counters = counters if counters is not None else InputCounters()
         self._day_cache: dict[tuple[int, int, int], float | None] = {}
-        self._file: str | None = None
+        self.current_file: str | None = None
         self._file_job: str | None = None
-        self._last_ts: float | None = None
-        self._last_node: str | None = None
+        self.last_ts: float | None = None
+        self.last_node: str | None = None
         # Candidate envelopes by the line's first character, most recently matched first.
         self._orders: dict[str, list[int]] = {}
         self._handlers: list[Callable] = [getattr(self, "_env_" + name.replace("-", "_")) for name, _ in ENVELOPES]
+        self._stamp = _StampCache(self)
 
     # -- timestamps (cached: logs repeat the same second many times) -----------------
     def _day(self, year: int, month: int, day: int) -> float | None:
@@ -199,12 +265,12 @@ class LineReader:
         return ts, node, message
 
     # -- the public surface ------------------------------------------------------------
-    def _start_file(self, file: str) -> None:
-        self._file = file
+    def start_file(self, file: str) -> None:
+        self.current_file = file
         m = _PATH_JOB.search(file)
         self._file_job = m.group(1) if m else None
-        self._last_ts = None
-        self._last_node = None
+        self.last_ts = None
+        self.last_node = None
 
     def _order_for(self, first: str) -> list[int]:
         # Characters of one class share one list, so move-to-front learns per class.
@@ -216,10 +282,64 @@ class LineReader:
         self._orders[first] = order
         return order
 
+    # -- shapes: lines that differ only in their digits are read alike -----------------
+    def shape(self, text: str) -> "LineShape | None":
+        """How to re-read any line shaped like ``text`` (same text up to its ASCII digits), or None.
+
+        Every envelope and message regex here tests digits by class (``\\d``),
+        never by value, so lines that share :func:`~reliability.logs.inputs.shape_key`
+        match the same envelope with the same group spans. The shape records
+        those spans; re-reading a line is then slicing plus a cached timestamp
+        conversion. Kubernetes JSON and rare envelopes give None (parse each line).
+        """
+        first = text[:1]
+        order = self._orders.get(first) or self._order_for(first)
+        for idx in order:
+            m = ENVELOPES[idx][1].fullmatch(text)
+            if m is None:
+                continue
+            name = ENVELOPES[idx][0]
+            if self._handlers[idx](m) is None:
+                continue  # the envelope's own check refused it (e.g. not a month name)
+            break
+        else:
+            name, m = "generic", None
+        stamp = self._stamp
+        if name == "generic":
+            ts, node, msg_start = None, None, 0
+        elif name in ("hpc", "thunderbird"):
+            group = 5 if name == "hpc" else 2
+            ts = (float, m.start(group), m.end(group))
+            node, msg_start = m.span(2 if name == "hpc" else 3), (None if name == "hpc" else m.start(4))
+        elif name in ("slurm", "openstack"):
+            ts, node, msg_start = (stamp.iso, *m.span(1)), None, m.start(2)
+        elif name == "iso":
+            ts, node, msg_start = (stamp.iso, *m.span(1)), None, m.start(2)
+            host, _, after = m.group(2).partition(" ")
+            if after and _SYSLOG_TAG.match(after) and not host.isupper():
+                node, msg_start = (m.start(2), m.start(2) + len(host)), m.start(2) + len(host) + 1
+        elif name == "syslog":
+            ts, node, msg_start = (stamp.syslog, m.start(1), m.end(3)), m.span(4), m.start(5)
+        elif name == "dmesg-relative":
+            ts, node, msg_start = False, None, m.start(1)
+        else:
+            return None
+        if msg_start is not None and (node is None or name == "slurm"):
+            message = text[msg_start:]
+            found = _NCCL_HOST.match(message)
+            if found is None and ("node" in message or "Node" in message or "ost" in message):
+                found = _MSG_NODE.search(message)
+            if found is not None:
+                node = (msg_start + found.start(1), msg_start + found.end(1))
+        elif msg_start is None and node is None:
+            return None
+        return LineShape(source=name, ts=ts, node=node, msg_start=msg_start, keeps_node=name != "slurm",
+                         prefers_last_node=name == "generic")
+
     def parse(self, file: str, lineno: int, text: str):
         """``(timestamp, node, job, message, source)`` for one line of ``file``."""
-        if file != self._file:
-            self._start_file(file)
+        if file != self.current_file:
+            self.start_file(file)
         result = None
         source = "generic"
         first = text[:1]
@@ -237,16 +357,16 @@ class LineReader:
                     break
         counters = self.counters
         if result is None:
-            ts, node, message = self._last_ts, self._last_node, text
+            ts, node, message = self.last_ts, self.last_node, text
         else:
             ts, node, message = result
             if ts is None:
                 counters.bad_timestamp += 1
-                ts = self._last_ts
+                ts = self.last_ts
             elif ts is False:
-                ts = self._last_ts
+                ts = self.last_ts
             else:
-                self._last_ts = ts
+                self.last_ts = ts
         if ts is None:
             counters.no_timestamp += 1
         if node is None or source == "slurm":
@@ -256,15 +376,18 @@ class LineReader:
             if m is not None:
                 node = m.group(1)
             elif node is None:
-                node = self._last_node
+                node = self.last_node
         if node is not None and source != "slurm":
-            self._last_node = node
-        job = self._file_job
+            self.last_node = node
+        return ts, node, self.job_of(message), message, source
+
+    def job_of(self, message: str) -> str | None:
+        """The job id a message names (``JobId=``, ``StepId=``...), else the one in the file's name."""
         if "ob" in message or "tepId" in message or "JOB_ID" in message:
             m = _MSG_JOB.search(message)
             if m is not None:
-                job = m.group(1)
-        return ts, node, job, message, source
+                return m.group(1)
+        return self._file_job
 
 
 def parse_lines(lines: Iterable[tuple[str, int, str]], *, default_year: int | None = None,
