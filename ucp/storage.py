@@ -345,18 +345,25 @@ class Storage:
         if not self.local:
             self._flush_memory(pending.rel)
 
-    def sync(self) -> None:
-        """Make everything written under this root durable (before a commit depends on it).
+    def sync(self, under: str = "") -> None:
+        """Make everything written under ``root/under`` durable (before a commit depends on it).
 
-        Each file (and directory) is fsynced, a few at a time: with small fragments packed
-        there are few files, and unlike syncfs(2) this never waits for other processes' writes.
+        Each file (and directory, up to the root) is fsynced, a few at a time: with small
+        fragments packed there are few files, and unlike syncfs(2) this never waits for other
+        processes' writes. Ranks sharing one staging root each pass their own ``under``: the
+        other ranks' directories are still being written (temporary files come and go).
         """
-        if not self.local or not os.path.isdir(self.root):
+        top = os.path.join(self.root, under) if under else self.root
+        if not self.local or not os.path.isdir(top):
             return
         paths = []
-        for dirpath, _, files in os.walk(self.root):
+        for dirpath, _, files in os.walk(top):
             paths.append(dirpath)
             paths.extend(p for p in (os.path.join(dirpath, name) for name in files) if p not in self._synced)
+        parent = top
+        while os.path.normpath(parent) != os.path.normpath(self.root):  # the new entries' directories
+            parent = os.path.dirname(parent)
+            paths.append(parent)
         list(self._pool().map(_fsync_path, paths))
 
     def _flush_memory(self, rel: str) -> None:

@@ -341,7 +341,7 @@ class CheckpointWriter:
         try:
             self._flush_pack()
             self._pump(drain=True)
-            self._target.storage.sync()
+            self._target.storage.sync(under=f"data/r{self.rank}")
         except Exception as err:  # noqa: BLE001
             if self._pg is None:
                 self._cleanup()
