@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
 __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+# What a save killed before its commit leaves behind (ucp.commit.staging_path of a step directory).
+_STALE_STAGING = re.compile(r"^\.step_\d{8,}\.ucp-staging-.+$")
 
 
 def step_dirname(step: int) -> str:
@@ -223,12 +226,35 @@ class CheckpointManager:
         import ucp
 
         self._finalize(block=True)
+        if self.rank == 0:
+            self.sweep_stale_saves()
         step = self.latest_step()
         if step is None:
             return None
         loaded = ucp.load(self.path_for(step), into=into, **load_options)
         _merge_in_place(into, loaded)  # tensors were filled in place; the rest (step, lr, ...) too
         return step
+
+    def sweep_stale_saves(self) -> list[str]:
+        """Delete the staging directories of saves that died before committing; return their names.
+
+        A job killed mid-save leaves ``.step_NNNNNNNN.ucp-staging-*`` beside the
+        checkpoints (never a checkpoint: it has no committed manifest). :meth:`restore`
+        calls this on rank 0, when no save of this job can be in flight; saves
+        still pending in this manager are never touched.
+        """
+        if not self._store.local or not os.path.isdir(self.directory):
+            return []  # other stores commit by manifest marker: no staging directories
+        in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
+        removed = []
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if _STALE_STAGING.match(name) and os.path.isdir(path) and not any(
+                name.startswith(f".{step_dir}.") for step_dir in in_flight
+            ):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+        return removed
 
     # -------------------------------------------------------------- internals
     def _distributed(self) -> bool:
