@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ucp.dtypes import check_supported, dtype_name, torch_dtype
+from ucp.dtypes import allocate, check_supported, dtype_name
 from ucp.errors import KeyMismatchError, ShapeMismatchError, UcpError
 from ucp.geometry import Box, FlatRange, Region
 from ucp.layout import Layout
@@ -203,9 +203,9 @@ def load(
             if into_tensors is not None:
                 dest = into_tensors[key]
             elif sum(piece.local.numel for piece in tspec.pieces) == math.prod(shape):
-                dest = torch.empty(shape, dtype=torch_dtype(dtype))
+                dest = allocate(shape, dtype, what=repr(key))
             else:  # padding no piece covers (vocab, ZeRO alignment) reads as zeros, not garbage
-                dest = torch.zeros(shape, dtype=torch_dtype(dtype))
+                dest = allocate(shape, dtype, zeros=True, what=repr(key))
             for piece in tspec.pieces:
                 _fill(reader, piece.logical, piece.target, piece.local, _local(dest))
             if into_tensors is None and device.type != "cpu":

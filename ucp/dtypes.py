@@ -107,3 +107,27 @@ def from_numpy(array: np.ndarray, name: str) -> torch.Tensor:
     if name in _BIT_PATTERN:
         tensor = tensor.view(torch_dtype(name))
     return tensor
+
+
+def allocate(shape, dtype: str, *, zeros: bool = False, what: str = "tensor"):
+    """A new host tensor, or TensorTooLargeError naming ``what`` when memory refuses it.
+
+    A damaged or hostile manifest can claim any shape: the error says so instead of
+    letting an allocator error (or the OOM killer) speak.
+    """
+    import math
+
+    import torch
+
+    from ucp.errors import TensorTooLargeError
+
+    kind = torch_dtype(dtype)
+    try:
+        return (torch.zeros if zeros else torch.empty)(tuple(shape), dtype=kind)
+    except (RuntimeError, MemoryError) as err:
+        nbytes = math.prod(shape) * kind.itemsize
+        raise TensorTooLargeError(
+            f"cannot allocate {what} {dtype}{list(shape)} ({nbytes / 2**30:.1f} GiB): {str(err).splitlines()[0]}; "
+            "read it in pieces (ucp.read_tensor with a region, ucp.iter_tensors) or, if that size is "
+            "wrong, the manifest is damaged - check it with `ucp verify`"
+        ) from None

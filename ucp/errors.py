@@ -75,3 +75,7 @@ class AsyncSaveError(UcpError, RuntimeError):
 
 class CheckpointExistsError(UcpError, FileExistsError):
     """A committed checkpoint is already at the path and ``overwrite`` was not given."""
+
+
+class TensorTooLargeError(UcpError, MemoryError):
+    """A tensor the manifest describes cannot be allocated in host memory."""

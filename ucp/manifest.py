@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,8 @@ class Manifest:
             raise ManifestError(
                 f"{source} is not valid JSON ({err}); the checkpoint is damaged - load an older checkpoint"
             ) from None
+        except RecursionError:
+            raise ManifestError(f"{source} nests deeper than JSON can be read here; the manifest is damaged") from None
         return cls.from_dict(data, source=source)
 
     @classmethod
@@ -182,8 +185,10 @@ def _tensor_from_dict(name: str, data: dict, source: str) -> TensorEntry:
     if any(s < 0 for s in shape):
         raise ManifestError(f"{source}: tensor {name!r} has a negative dimension in shape {list(shape)}")
     fragments = tuple(Fragment.from_dict(f) for f in data["fragments"])
+    itemsize = torch_dtype(data["dtype"]).itemsize
     covered = 0
     for frag in fragments:
+        _check_fragment_fields(name, frag, itemsize, source)
         try:
             region_pieces(frag.region, shape)
         except ValueError as err:
@@ -197,3 +202,23 @@ def _tensor_from_dict(name: str, data: dict, source: str) -> TensorEntry:
             f"but its fragments hold {covered} elements; the manifest is damaged - load an older checkpoint"
         )
     return TensorEntry(name=name, dtype=str(data["dtype"]), shape=shape, fragments=fragments)
+
+
+# A fragment key names a directory under data/: plain path segments only, so that a damaged
+# or hostile manifest can never make a reader open a file outside the checkpoint.
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+
+
+def _check_fragment_fields(name: str, frag: Fragment, itemsize: int, source: str) -> None:
+    where = f"{source}: tensor {name!r} fragment {frag.key!r}"
+    if not _SAFE_KEY.match(frag.key) or any(part in (".", "..") for part in frag.key.split("/")):
+        raise ManifestError(f"{where}: a fragment key must be a relative path of plain names under data/")
+    if frag.pack_offset is not None and frag.pack_offset < 0:
+        raise ManifestError(f"{where}: negative pack_offset {frag.pack_offset}")
+    if frag.chunk_rows < 1:
+        raise ManifestError(f"{where}: chunk_rows must be >= 1, got {frag.chunk_rows}")
+    if frag.nbytes != frag.region.numel * itemsize:
+        raise ManifestError(
+            f"{where}: nbytes {frag.nbytes} does not match its region of {frag.region.numel} elements "
+            f"of {itemsize} byte(s); the manifest is damaged - load an older checkpoint"
+        )

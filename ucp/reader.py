@@ -22,7 +22,7 @@ import torch
 
 from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
-from ucp.dtypes import from_numpy, storage_dtype, to_numpy, torch_dtype
+from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
 from ucp.errors import ChecksumError, ManifestError
 from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_shape
 from ucp.manifest import Fragment, Manifest, TensorEntry
@@ -106,7 +106,7 @@ class CheckpointReader:
         """
         entry = self.entry(name)
         region = Box.full(entry.shape) if region is None else region
-        out = torch.empty(region_shape(region), dtype=torch_dtype(entry.dtype))
+        out = allocate(region_shape(region), entry.dtype, what=repr(name))
         self.read_into(name, region, out)
         return out
 
