@@ -123,7 +123,7 @@ class Manifest:
                 }
                 for name, t in sorted(self.tensors.items())
             },
-            "states": {str(r): s for r, s in sorted(self.states.items())},
+            "states": _dedupe_states(self.states),
             "extra": self.extra,
         }
 
@@ -158,7 +158,7 @@ class Manifest:
             if algorithm is not None and algorithm not in CHECKSUM_ALGORITHMS:
                 raise ManifestError(f"{source}: unknown checksum_algorithm {algorithm!r}")
             tensors = {name: _tensor_from_dict(name, t, source) for name, t in data["tensors"].items()}
-            states = {int(r): s for r, s in data["states"].items()}
+            states = _resolve_states(data["states"], source)
             return cls(
                 tensors=tensors,
                 states=states,
@@ -222,3 +222,34 @@ def _check_fragment_fields(name: str, frag: Fragment, itemsize: int, source: str
             f"{where}: nbytes {frag.nbytes} does not match its region of {frag.region.numel} elements "
             f"of {itemsize} byte(s); the manifest is damaged - load an older checkpoint"
         )
+
+
+def _dedupe_states(states: dict[int, Any]) -> dict[str, Any]:
+    """Ranks whose tree equals a lower rank's are written as ``{"$same_as": that_rank}``.
+
+    Data-parallel replicas save identical trees: at thousands of ranks this keeps the
+    manifest the size of the distinct trees, not of the world.
+    """
+    out: dict[str, Any] = {}
+    first_with: dict[str, int] = {}
+    for rank, tree in sorted(states.items()):
+        text = json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        if text in first_with:
+            out[str(rank)] = {"$same_as": first_with[text]}
+        else:
+            first_with[text] = rank
+            out[str(rank)] = tree
+    return out
+
+
+def _resolve_states(data: dict, source: str) -> dict[int, Any]:
+    states: dict[int, Any] = {}
+    for key, tree in sorted(data.items(), key=lambda item: int(item[0])):
+        rank = int(key)
+        if isinstance(tree, dict) and set(tree) == {"$same_as"}:
+            other = tree["$same_as"]
+            if isinstance(other, bool) or not isinstance(other, int) or other not in states or other >= rank:
+                raise ManifestError(f"{source}: states[{rank}] refers to {other!r}, which is not a lower rank's tree")
+            tree = states[other]
+        states[rank] = tree
+    return states
