@@ -1,7 +1,8 @@
 """The end-to-end demo behind ``ucp demo``: train, crash, resume under another layout.
 
 1. Train the tensor-parallel MLP of :mod:`tools.demo_model` on 4 real
-   processes (gloo) as ``tp=2,dp=2``, checkpointing with ucp every few steps.
+   processes (gloo) as ``tp=2,dp=2``, checkpointing with ucp every few steps;
+   the UCL program tools/programs/demo-mlp.ucl maps its shards onto whole tensors.
 2. SIGKILL every process mid-run (the injected failure).
 3. Check the last committed checkpoint: ``ucp.verify``, and its logical tensors
    against the shards the 4 ranks held when they saved it.
@@ -34,6 +35,8 @@ from tools import demo_model as dm
 from ucp.layout import Layout
 
 FIRST_LAYOUT, SECOND_LAYOUT = "tp=2,dp=2", "tp=1,dp=2"
+# The UCL program that maps the demo's local tensors onto whole ones, for every layout.
+PROGRAM = str(Path(__file__).resolve().parent / "programs" / "demo-mlp.ucl")
 
 
 @dataclass
@@ -94,15 +97,15 @@ def _worker(rank: int, world: int, port: int, layout_text: str, directory: str, 
         tp_group, dp_group = _groups(layout, rank)
         model = dm.ParallelMLP(layout, rank, tp_group)
         optimizer = torch.optim.Adam(model.ordered_parameters(), lr=0.02)
-        fmap = dm.fragment_map(layout, rank)
         manager = CheckpointManager(directory, save_policy=EveryNSteps(save_every), retention=KeepLast(3),
-                                    process_group=dist.group.WORLD, save_options={"spec": fmap, "layout": layout})
+                                    process_group=dist.group.WORLD,
+                                    save_options={"program": PROGRAM, "layout": layout})
         tracker = ETTRTracker(directory, flush_every_s=0.0) if rank == 0 else None  # toy steps: record each
 
         step = manager.latest_step() or 0
         if step:
             # Each rank reads only the bytes of its own shard, whatever layout saved them.
-            state = ucp.load(manager.path_for(step), spec=fmap)
+            state = ucp.load(manager.path_for(step), program=PROGRAM, layout=layout, rank=rank)
             with torch.no_grad():
                 for name in dm.PARAMS:
                     model.param(name).copy_(state["model"][name])
@@ -218,7 +221,8 @@ def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_e
             resumed[rank] = {n: torch.from_numpy(a) for n, a in payload.items()}
             report.resumed_from_step = step
 
-    say(f"1. training on 4 processes as {FIRST_LAYOUT}; a failure kills every process after step {kill_after_step}")
+    say(f"1. training on 4 processes as {FIRST_LAYOUT}, checkpoints mapped by the UCL program "
+        f"{os.path.relpath(PROGRAM)}; a failure kills every process after step {kill_after_step}")
     _run_phase(FIRST_LAYOUT, directory, steps, save_every, kill_after_step=kill_after_step, on_event=on_event)
     last = max(saved)
     say(f"   killed at step {report.killed_at_step} (SIGKILL); the last committed checkpoint is step {last}")
@@ -253,4 +257,5 @@ def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_e
     say(f"4. trained to step {report.final_step}: loss {first_loss:.3f} -> {final_loss:.3f}; "
         f"checkpoints kept: {report.checkpoints}")
     say(f"5. {report.ettr} (a toy model: process start-up dominates its wall clock)")
+    say(f"   next: ucp inspect {path} ; ucp ucl check {os.path.relpath(PROGRAM)} --layout tp=4,dp=3 --against {path}")
     return report

@@ -6,9 +6,9 @@ One rank of a ``tp x dp`` layout holds
 * ``fc1.weight`` [F/tp, H], ``fc1.bias`` [F/tp]: column-parallel (rows split over tp);
 * ``fc2.weight`` [H, F/tp]: row-parallel (columns split over tp); ``fc2.bias`` [H] replicated.
 
-:func:`fragment_map` says exactly that to the checkpoint engine, for the
-parameters and for every Adam state, so a checkpoint saved under one
-``tp``/``dp`` loads under any other. The model trains for real (forward,
+``tools/programs/demo-mlp.ucl`` says exactly that to the checkpoint engine, in
+UCL, for the parameters and for every Adam state, so a checkpoint saved under
+one ``tp``/``dp`` loads under any other. The model trains for real (forward,
 backward, tensor-parallel all-reduces, data-parallel gradient averaging).
 """
 
@@ -19,11 +19,9 @@ import torch.distributed as dist
 
 from ucp.geometry import Box, split_evenly
 from ucp.layout import Layout
-from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 
 VOCAB, HIDDEN, FFN = 61, 32, 100  # FFN=100 makes tp=3 or tp=8 splits uneven on purpose
 PARAMS = ("embed.weight", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "head.weight")
-ADAM_STATES = ("exp_avg", "exp_avg_sq", "step")
 LOGICAL_SHAPES = {
     "embed.weight": (VOCAB, HIDDEN),
     "fc1.weight": (FFN, HIDDEN),
@@ -48,31 +46,6 @@ def local_box(name: str, layout: Layout, rank: int) -> Box:
     sizes = list(shape)
     offsets[dim], sizes[dim] = offset, size
     return Box(tuple(offsets), tuple(sizes))
-
-
-def fragment_map(layout: Layout, rank: int) -> FragmentMap:
-    """Keys ``model/<param>`` and ``optim/state/<i>/<state>`` of ``rank`` onto logical tensors."""
-    coords = layout.coords(rank)
-    logical: dict[str, LogicalTensor] = {}
-    tensors: dict[str, TensorSpec] = {}
-    for index, name in enumerate(PARAMS):
-        box = local_box(name, layout, rank)
-        if SPLIT_DIM[name] is None:  # replicated over the whole world
-            replica, replicas = rank, layout.world_size
-        else:  # one copy per tp shard, replicated over dp
-            replica, replicas = coords.dp, layout.dp
-        local = Box((0,) * box.ndim, box.sizes)
-        for suffix, key in [("", f"model/{name}")] + [(f":{s}", f"optim/state/{index}/{s}") for s in ADAM_STATES]:
-            logical_name = name + suffix
-            if suffix == ":step":  # Adam's step counter: a 0-d tensor, the same everywhere
-                logical[logical_name] = LogicalTensor(logical_name, (), "float32")
-                piece = ShardPiece(logical_name, local=Box((), ()), target=Box((), ()))
-                tensors[key] = TensorSpec(key, (piece,), replica=rank, replicas=layout.world_size)
-                continue
-            logical[logical_name] = LogicalTensor(logical_name, LOGICAL_SHAPES[name], "float32")
-            piece = ShardPiece(logical_name, local=local, target=box)
-            tensors[key] = TensorSpec(key, (piece,), replica=replica, replicas=replicas)
-    return FragmentMap(rank=rank, logical=logical, tensors=tensors)
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -130,7 +103,7 @@ class ParallelMLP(torch.nn.Module):
         return y @ self.param("head.weight").T
 
     def state(self, optimizer: torch.optim.Optimizer, step: int, data_position: int) -> dict:
-        """The training state handed to ``ucp.save`` (keys match :func:`fragment_map`)."""
+        """The training state handed to ``ucp.save`` (keys match tools/programs/demo-mlp.ucl)."""
         return {
             "model": {name: self.param(name).data for name in PARAMS},
             "optim": optimizer.state_dict(),

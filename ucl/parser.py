@@ -17,11 +17,11 @@ import re
 from ucl.errors import UclSyntaxError
 from ucl.expr import Expr, parse_expr
 from ucl.pattern import parse_pattern
-from ucl.program import GROUPS, FlatRule, Fuse, Pad, Part, Program, Split, TensorRule, View
+from ucl.program import GROUPS, FlatRule, Fuse, Pad, Part, Program, Require, Split, TensorRule, View
 from ucp.spec import REPLICA_POLICIES
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-STATEMENTS = ("ucl", "param", "let", "tensor", "flat", "also", "view")
+STATEMENTS = ("ucl", "param", "let", "require", "tensor", "flat", "also", "view")
 TENSOR_CLAUSES = ("split", "pad", "size", "fuse", "part", "where", "replicate", "virtual")
 FLAT_CLAUSES = ("members", "order", "partition", "align", "where", "replicate")
 
@@ -147,6 +147,7 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
     rules: list = []
     views: list = []
     alsos: list = []
+    requires: list = []
     seen_version = False
     current = None  # the rule the following clauses belong to (a dict of fields while open)
 
@@ -212,6 +213,8 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
             name = ln.word("a name")
             ln.keyword("=", f"let {name}")
             lets[name] = ln.expr()
+        elif kw == "require":
+            requires.append(_require(ln, number))
         elif kw in ("tensor", "flat"):
             local = ln.pattern("a local key pattern", local=True)
             logical = None
@@ -258,7 +261,35 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
                              filename=filename, line=1, column=1, source_line="")
     rules = [_analyze_where(r) for r in _expand_alsos(rules, alsos, filename)]
     _check_names(rules, params, lets)
-    return Program(filename=filename, source=source, params=params, lets=lets, rules=tuple(rules), views=tuple(views))
+    _check_require_names(requires, params, lets)
+    return Program(filename=filename, source=source, params=params, lets=lets, rules=tuple(rules), views=tuple(views),
+                   requires=tuple(requires))
+
+
+def _require(ln: _Line, number: int) -> Require:
+    """``require EXPR else MESSAGE``; the message runs to the end of the line, ``{EXPR}`` holes allowed."""
+    condition = ln.expr(stop=("else",))
+    ln.keyword("else", "require EXPR")
+    message, col = ln.rest()
+    if not message:
+        raise ln.error("expected a message after 'else' (what the layout breaks, and the rule)")
+    holes = []
+    for m in re.finditer(r"\{([^{}]*)\}", message):
+        holes.append(parse_expr(m.group(1), where=(ln.filename, number, col + m.start(1) + 1, ln.source)))
+    return Require(number, condition, message, tuple(holes))
+
+
+def _check_require_names(requires: list, params: dict, lets: dict) -> None:
+    known = set(params) | set(lets) | LAYOUT_NAMES
+    for req in requires:
+        for expr in (req.condition, *req.holes):
+            unknown = sorted(expr.names - known)
+            if unknown:
+                filename, line, column, source = expr.where
+                raise UclSyntaxError(
+                    f"unknown name {unknown[0]!r} in {expr.text!r}: expected a parameter, a let or a layout "
+                    "variable (tp.size, pp.size, zero.stage, ...)",
+                    filename=filename, line=line, column=column, source_line=source)
 
 
 def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:

@@ -105,6 +105,19 @@ class View:
 
 
 @dataclass(frozen=True)
+class Require:
+    """``require EXPR else MESSAGE``: a condition on the layout and parameters the program cannot work without.
+
+    ``message`` is literal text with ``{EXPR}`` holes (``holes`` holds their parsed expressions, in order).
+    """
+
+    line: int
+    condition: Expr
+    message: str
+    holes: tuple[Expr, ...] = ()
+
+
+@dataclass(frozen=True)
 class Program:
     """A parsed program. ``params`` holds defaults (None: must be given), ``lets`` the definitions."""
 
@@ -114,6 +127,7 @@ class Program:
     lets: dict = field(default_factory=dict)
     rules: tuple = ()
     views: tuple[View, ...] = ()
+    requires: tuple[Require, ...] = ()
 
     def where(self, line: int) -> str:
         return f"{self.filename}:{line}"
