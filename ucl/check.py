@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ucl.bind import load_program
 from ucl.compiler import compile_load, compile_save, switched_off
-from ucl.env import Context
+from ucl.env import Context, unmet_requirements
 from ucl.errors import UclError
 from ucl.program import FlatRule, TensorRule
 from ucp.geometry import coverage_gaps
@@ -35,7 +35,10 @@ from ucp.spec import LogicalTensor
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: ``kind`` is coverage | overlap | replicas | shape | unused-rule | compile."""
+    """One problem: ``kind`` is layout | coverage | overlap | replicas | shape | unused-rule | compile.
+
+    ``layout``: a ``require`` statement of the program rejects the layout (nothing else is checked then).
+    """
 
     kind: str
     message: str
@@ -81,6 +84,13 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
     logical = {n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1])))
                for n, t in logical.items()}
     findings: list[Finding] = []
+    try:
+        unmet = unmet_requirements(Context.make(prog, lay, 0, bound.params))
+    except UclError as err:
+        unmet = [str(err)]
+    if unmet:
+        return CheckReport(prog.filename, str(lay), lay.world_size, len(logical), 0,
+                           tuple(Finding("layout", m) for m in unmet))
     regions: dict[str, list] = defaultdict(list)
     owners: dict[str, list] = defaultdict(list)
     groups: dict[frozenset, list] = defaultdict(list)

@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ucl.env import Context, group_size_rank
+from ucl.env import Context, group_size_rank, unmet_requirements
 from ucl.errors import UclError
 from ucl.flat import compose, flat_layout
 from ucl.geometry_rules import local_geometry, logical_shapes
@@ -118,6 +118,12 @@ def _finish(ctx: Context, instances: list[_Instance], logical: dict, flats: list
     return fmap
 
 
+def _require_layout(ctx: Context) -> None:
+    unmet = unmet_requirements(ctx)
+    if unmet:
+        raise UclError(f"{ctx.layout} is not a layout this program supports: " + "; ".join(unmet))
+
+
 # --------------------------------------------------------------------------- save
 
 
@@ -126,6 +132,7 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
     """Save direction. ``local``: key -> (shape, dtype). ``shapes``: logical name -> LogicalTensor
     (only needed for ``virtual`` rules, e.g. ZeRO-3 whose parameters exist only as flat partitions)."""
     ctx = Context.make(program, layout, rank, params)
+    _require_layout(ctx)
     tensor_rules = [r for r in program.rules if isinstance(r, TensorRule)]
     flat_rules = [r for r in program.rules if isinstance(r, FlatRule)]
     instances: list[_Instance] = []
@@ -266,6 +273,7 @@ def _reverse_text(rule: TensorRule, logical: dict, text_caps: list[str]) -> list
 def compile_load(program: Program, layout: Layout, rank: int, logical: dict, *, params=None) -> BoundFragmentMap:
     """Load direction. ``logical``: name -> LogicalTensor from a checkpoint manifest."""
     ctx = Context.make(program, layout, rank, params)
+    _require_layout(ctx)
     logical = {n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1])))
                for n, t in logical.items()}
     tensor_rules = [r for r in program.rules if isinstance(r, TensorRule)]

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -147,3 +148,21 @@ class Context:
     def _stage_layers(self, stage: int) -> int:
         stages = self._stages()
         return stages[stage] if 0 <= stage < len(stages) else 0
+
+
+def unmet_requirements(ctx: Context) -> list[str]:
+    """The messages (``file:line: text``) of the program's ``require`` statements that ``ctx`` breaks.
+
+    Requirements are about the layout and parameters, not a rank: any rank's context gives the same answer.
+    """
+    out = []
+    functions = ctx.functions()
+    for req in ctx.program.requires:
+        env = ctx.env()
+        if req.condition.eval(env, functions):
+            continue
+        values = iter([h.eval(env, functions) for h in req.holes])
+        message = re.sub(r"\{[^{}]*\}", lambda _m: str(next(values)), req.message)  # holes in parse order
+        out.append(f"{ctx.program.filename}:{req.line}: {message}")
+    return out
+

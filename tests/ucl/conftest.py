@@ -75,11 +75,35 @@ def deepspeed_logical(*, seed=0, states=("fp32", "exp_avg", "exp_avg_sq")) -> di
     return out
 
 
+def check_layout_pair(program, a, b, tensors, params) -> None:
+    """Save under A, load under B, and back: logical tensors bitwise under A and B, A -> B -> A locals bitwise.
+
+    The in-memory executor (ucl.simulate) plays every rank: placing logical tensors on the ranks of a
+    layout and gathering them back is exactly save + load minus the disk.
+    """
+    from ucl.simulate import gather, place
+
+    fm_a, loc_a = place(program, a, tensors, params=params)
+    saved = gather(fm_a, loc_a)
+    assert set(saved) == set(tensors)
+    assert all(torch.equal(saved[n], tensors[n]) for n in tensors)
+    fm_b, loc_b = place(program, b, saved, params=params)
+    loaded = gather(fm_b, loc_b)
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[n], tensors[n]) for n in tensors)
+    _, loc_a2 = place(program, a, loaded, params=params)
+    for rank, (one, two) in enumerate(zip(loc_a, loc_a2)):
+        assert one.keys() == two.keys()
+        for key in one:
+            assert torch.equal(one[key], two[key]), (rank, key)
+
+
 @pytest.fixture
 def models():
     class Models:
         megatron = staticmethod(megatron_logical)
         hf_llama = staticmethod(hf_llama_logical)
         deepspeed = staticmethod(deepspeed_logical)
+        check_pair = staticmethod(check_layout_pair)
 
     return Models

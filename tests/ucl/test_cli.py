@@ -77,6 +77,13 @@ def test_presets_with_parameters_check_on_a_preset(tmp_path, capsys, models):
     assert main(wrong) == 1
     assert main(["ucl", "presets", "--json"]) == 0
     assert "megatron-gpt" in capsys.readouterr().out.splitlines()[-1]
+    # tp=4 over 2 key/value groups: a layout Megatron refuses, reported with its rule
+    refused = [a if a != "tp=2,pp=2,dp=2" else "tp=4" for a in argv] + ["--json"]
+    assert main(refused) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert (finding["kind"], finding["message"]) == ("layout", (
+        "megatron-gpt.ucl:28: Megatron requires num_query_groups (2) to be divisible by the tensor parallel size (4): "
+        "each tp rank holds whole key/value groups, none is replicated across tp ranks"))
 
 
 def test_check_against_a_real_checkpoint(tmp_path, capsys):

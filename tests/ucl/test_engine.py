@@ -89,6 +89,30 @@ def test_megatron_save_under_a_load_under_b_through_the_engine(tmp_path, models,
             assert torch.equal(got[key], want[key]), (rank, key)
 
 
+def test_megatron_tied_embeddings_with_the_distributed_optimizer_through_the_engine(tmp_path, models):
+    # The last stage's output layer and its flat-buffer states are replicas of the embedding's: on disk
+    # there is one embedding (and one of each state), written by the first stage, loaded by both ends.
+    program = ucl.load_program("megatron-gpt", num_layers=4, heads=8, kv_heads=2, vocab_size=50, vocab_multiple=4,
+                               tie_embeddings=1)
+    tensors = models.megatron(layers=4, hidden=16, heads=8, kv_heads=2, vocab=50, ffn=16, tie=1)
+    path = str(tmp_path / "ckpt")
+    lay_a = Layout.parse("tp=2,pp=2,dp=2,zero=1")
+    locals_a = save_all(path, program, lay_a, tensors)
+    reader = ucp.CheckpointReader(path)
+    assert set(reader.logical()) == set(tensors)  # no output_layer.weight, no output_layer states
+    for name, t in tensors.items():
+        assert torch.equal(reader.read_tensor(name), t), name
+    lay_b = Layout.parse("tp=1,pp=3,vpp=2,dp=2,zero=2")
+    for rank in range(lay_b.world_size):
+        got = load_rank(path, program, lay_b, rank)
+        want = scatter(tensors, ucl.spec_for_load(program, lay_b, rank, reader.logical()))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), rank
+    for rank in (2, 7):  # A again from the disk: first and last stage bitwise, flat buffers and padding included
+        got = load_rank(path, program, lay_a, rank)
+        assert got.keys() == locals_a[rank].keys()
+        assert all(torch.equal(got[k], locals_a[rank][k]) for k in got), rank
+
+
 @pytest.mark.parametrize("a,b", [("dp=2,zero=1", "dp=3,zero=2"), ("dp=4,zero=2", "dp=1")])
 def test_deepspeed_zero_through_the_engine(tmp_path, models, a, b):
     tensors = models.deepspeed()

@@ -72,7 +72,7 @@ ERRORS = [
      "m.ucl:2:16: expected a call of one of min, max, ceil_div, stage_start, stage_layers, len\n"
      "    tensor a -> b.{open(i)}\n                   ^"),
     ("ucl 1\nsplit dim 0 over tp\n",
-     "m.ucl:2:1: expected a statement (ucl, param, let, tensor, flat, also, view), found 'split'\n"
+     "m.ucl:2:1: expected a statement (ucl, param, let, require, tensor, flat, also, view), found 'split'\n"
      "    split dim 0 over tp\n    ^"),
     ("ucl 1\ntensor a\n",
      "m.ucl:2:9: expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)\n    tensor a\n            ^"),
@@ -86,6 +86,12 @@ ERRORS = [
      "      pad dim 0 to multiple 128\n                            ^"),
     ("ucl 1\ntensor a -> b\n  where i <\n",
      "m.ucl:3:9: expected an expression, found 'i <'\n      where i <\n            ^"),
+    ("ucl 1\nrequire tp.size > 1\n",
+     "m.ucl:2:20: expected 'else' after 'require EXPR', found the end of the line\n"
+     "    require tp.size > 1\n                       ^"),
+    ("ucl 1\nrequire tp.size > 1 else\n",
+     "m.ucl:2:25: expected a message after 'else' (what the layout breaks, and the rule)\n"
+     "    require tp.size > 1 else\n                            ^"),
     ("ucl 1\nalso opt/x -> {name}\n",
      "m.ucl:2:6: expected a local key template containing {key}\n    also opt/x -> {name}\n         ^"),
 ]
@@ -139,3 +145,17 @@ def test_unknown_names_are_syntax_errors_at_the_expression():
         "or a layout variable (tp.rank, pp.size, zero.stage, ...)\n"
         "    tensor layers.{i}.w -> layers.{i + pp.rnak}.w\n"
         "                                   ^")
+
+
+def test_require_names_are_checked_in_the_condition_and_in_message_holes():
+    with pytest.raises(UclSyntaxError) as info:
+        parse("ucl 1\nparam kv\nrequire kv % tp.size == 0 else kv ({kv}) over tp ({tp.szie})\n", filename="m.ucl")
+    assert str(info.value) == (
+        "m.ucl:3:52: unknown name 'tp.szie' in 'tp.szie': expected a parameter, a let or a layout variable "
+        "(tp.size, pp.size, zero.stage, ...)\n"
+        "    require kv % tp.size == 0 else kv ({kv}) over tp ({tp.szie})\n"
+        "                                                       ^")
+    prog = parse("ucl 1\nparam kv\nrequire kv % tp.size == 0 else kv ({kv}) over tp ({tp.size})  # why\n")
+    (req,) = prog.requires
+    assert (req.line, req.condition.text, req.message) == (3, "kv % tp.size == 0", "kv ({kv}) over tp ({tp.size})")
+

@@ -1,8 +1,8 @@
 """Every preset over seeded random layout pairs: save under A, load under B, and back to A.
 
-The in-memory executor (ucl.simulate) plays every rank: placing logical tensors
-on the ranks of a layout and gathering them back is exactly save + load minus
-the disk. Checks: the logical tensors come back bitwise under A and under B,
+The in-memory executor (ucl.simulate, via conftest.check_layout_pair) plays every
+rank: placing logical tensors on the ranks of a layout and gathering them back is
+exactly save + load minus the disk. Checks: the logical tensors come back bitwise under A and under B,
 and A -> B -> A gives back A's local tensors bitwise (padding included).
 """
 
@@ -13,7 +13,6 @@ import random
 import pytest
 import torch
 
-from ucl.simulate import gather, place
 from ucp.layout import Layout
 
 
@@ -27,43 +26,31 @@ def _megatron_layout(rng: random.Random, *, zero: int | None = None, max_world=3
             return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=z)
 
 
-def _check_pair(program, a: Layout, b: Layout, tensors, params):
-    fm_a, loc_a = place(program, a, tensors, params=params)
-    saved = gather(fm_a, loc_a)
-    assert set(saved) == set(tensors)
-    assert all(torch.equal(saved[n], tensors[n]) for n in tensors)
-    fm_b, loc_b = place(program, b, saved, params=params)
-    loaded = gather(fm_b, loc_b)
-    assert set(loaded) == set(tensors)
-    assert all(torch.equal(loaded[n], tensors[n]) for n in tensors)
-    _, loc_a2 = place(program, a, loaded, params=params)
-    for rank, (one, two) in enumerate(zip(loc_a, loc_a2)):
-        assert one.keys() == two.keys()
-        for key in one:
-            assert torch.equal(one[key], two[key]), (rank, key)
-
-
 def _megatron_cases(count: int) -> list[tuple]:
     rng = random.Random(2024)
     cases = []
     for _ in range(count):
         a, b = _megatron_layout(rng), _megatron_layout(rng)
         experts = 4 if (a.ep > 1 or b.ep > 1 or rng.random() < 0.3) else 0
-        tie = int(a.zero == 0 and b.zero == 0 and rng.random() < 0.5)
-        cases.append((a, b, experts, tie))
+        tie = int(rng.random() < 0.5)  # with any zero stage: tied copies are replicas, states included
+        # key/value groups: any count both tp sizes divide (Megatron's rule; MQA and tp == kv_heads included)
+        kv_heads = rng.choice([k for k in (1, 2, 4, 8) if k % a.tp == 0 and k % b.tp == 0])
+        cases.append((a, b, experts, tie, kv_heads))
     return cases
 
 
-MEGATRON_CASES = _megatron_cases(10)
+MEGATRON_CASES = _megatron_cases(14)
 
 
-@pytest.mark.parametrize("a,b,experts,tie", MEGATRON_CASES,
-                         ids=[f"{a}->{b}{',moe' if e else ''}{',tied' if t else ''}" for a, b, e, t in MEGATRON_CASES])
-def test_megatron_gpt_random_layout_pairs(a, b, experts, tie, models):
-    params = dict(num_layers=6, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4, num_experts=experts,
+@pytest.mark.parametrize("a,b,experts,tie,kv_heads", MEGATRON_CASES,
+                         ids=[f"{a}->{b},kv{k}{',moe' if e else ''}{',tied' if t else ''}"
+                              for a, b, e, t, k in MEGATRON_CASES])
+def test_megatron_gpt_random_layout_pairs(a, b, experts, tie, kv_heads, models):
+    params = dict(num_layers=6, heads=8, kv_heads=kv_heads, vocab_size=50, vocab_multiple=4, num_experts=experts,
                   tie_embeddings=tie)
-    tensors = models.megatron(layers=6, hidden=16, heads=8, kv_heads=4, vocab=50, ffn=16, experts=experts, tie=tie)
-    _check_pair("megatron-gpt", a, b, tensors, params)
+    tensors = models.megatron(layers=6, hidden=16, heads=8, kv_heads=kv_heads, vocab=50, ffn=16, experts=experts,
+                              tie=tie)
+    models.check_pair("megatron-gpt", a, b, tensors, params)
 
 
 _DS_RNG = random.Random(100)
@@ -73,7 +60,7 @@ DEEPSPEED_CASES = [tuple(Layout(dp=_DS_RNG.choice([1, 2, 3, 4]), zero=_DS_RNG.ch
 
 @pytest.mark.parametrize("a,b", DEEPSPEED_CASES, ids=[f"{a}->{b}" for a, b in DEEPSPEED_CASES])
 def test_deepspeed_zero_random_layout_pairs(a, b, models):
-    _check_pair("deepspeed-zero", a, b, models.deepspeed(), {})
+    models.check_pair("deepspeed-zero", a, b, models.deepspeed(), {})
 
 
 _HF_RNG = random.Random(200)
@@ -83,11 +70,11 @@ HF_CASES = [tuple(Layout(tp=_HF_RNG.choice([1, 2, 4]), dp=_HF_RNG.choice([1, 2, 
 
 @pytest.mark.parametrize("a,b", HF_CASES, ids=[f"{a}->{b}" for a, b in HF_CASES])
 def test_hf_llama_random_layout_pairs(a, b, models):
-    _check_pair("hf-llama", a, b, models.hf_llama(), {"vocab_size": 50})
+    models.check_pair("hf-llama", a, b, models.hf_llama(), {"vocab_size": 50})
 
 
 @pytest.mark.parametrize("a,b", [("tp=1", "tp=4"), ("tp=2,dp=2", "tp=1")])
-def test_meta_llama_layout_pairs(a, b):
+def test_meta_llama_layout_pairs(a, b, models):
     g = torch.Generator().manual_seed(0)
     shapes = {"tok_embeddings.weight": (50, 8), "output.weight": (48, 8), "norm.weight": (8,),
               "layers.0.attention_norm.weight": (8,), "layers.0.ffn_norm.weight": (8,),
@@ -96,11 +83,11 @@ def test_meta_llama_layout_pairs(a, b):
               "layers.0.feed_forward.w1.weight": (12, 8), "layers.0.feed_forward.w3.weight": (12, 8),
               "layers.0.feed_forward.w2.weight": (8, 12)}
     tensors = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
-    _check_pair("meta-llama", Layout.parse(a), Layout.parse(b), tensors, {"heads": 4, "kv_heads": 2})
+    models.check_pair("meta-llama", Layout.parse(a), Layout.parse(b), tensors, {"heads": 4, "kv_heads": 2})
 
 
 def test_megatron_every_feature_at_once_against_a_single_rank(models):
     """tp=2, pp=2 with vpp=2, dp=4 with ep=2, cp=2, distributed optimizer, experts -> one rank."""
     params = dict(num_layers=4, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4, num_experts=4)
     tensors = models.megatron(layers=4, hidden=16, heads=8, kv_heads=4, vocab=50, ffn=16, experts=4)
-    _check_pair("megatron-gpt", Layout(tp=2, pp=2, vpp=2, dp=4, ep=2, cp=2, zero=1), Layout(), tensors, params)
+    models.check_pair("megatron-gpt", Layout(tp=2, pp=2, vpp=2, dp=4, ep=2, cp=2, zero=1), Layout(), tensors, params)
