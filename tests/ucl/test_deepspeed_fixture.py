@@ -59,7 +59,6 @@ def restricted_load(path: Path):
     return torch.load(path, pickle_module=_PICKLE, weights_only=False, map_location="cpu")
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="DeepSpeed fixtures not available")
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_flat_partitions_equal_deepspeeds_for_every_rank_and_state(stage):
     root = FIXTURES / f"zero{stage}-dp2"
