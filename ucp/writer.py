@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import re
-import zlib
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -34,11 +33,12 @@ from ucp.commit import (SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, c
                         read_parts, write_part)
 from ucp.dtypes import check_supported, storage_dtype, to_numpy
 from ucp.errors import CheckpointExistsError, ShapeMismatchError, UcpError
-from ucp.geometry import Box, FlatRange, Region, region_to_dict, split_evenly
+from ucp.geometry import Box, Region, region_to_dict
 from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
-from ucp.spec import SPREAD_MIN_BYTES, FragmentMap, LogicalTensor, ShardPiece, TensorSpec
+from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.storage import SMALL_ARRAY_BYTES, chunk_count, chunk_rows_for
+from ucp.write_units import average_replicas, local_region, write_units
 
 # Writes kept in flight: enough to keep the disk busy with many small tensors, few
 # enough that buffers of writes (copies of non-contiguous or GPU tensors, tensorstore's
@@ -195,15 +195,15 @@ class CheckpointWriter:
                     f"convert the tensor (tensor.to(torch.{lt.dtype})) or fix the spec"
                 )
             self._part["logical"][lt.name] = {"dtype": lt.dtype, "shape": list(lt.shape)}
-            data = _local_region(tensor, piece.local, key)
+            data = local_region(tensor, piece.local, key)
             replicas = tspec.replicas
             if replicas > 1 and tspec.policy == "average" and self._pg is not None:
-                data = _average(data, replicas, self.world_size, self._pg, key)
+                data = average_replicas(data, replicas, self.world_size, self._pg, key)
             if replicas > 1 and tspec.policy == "check-equal" and self._pg is not None:
                 self._part["replica_digests"].append(
                     [lt.name, region_to_dict(piece.target), _checksum.digest(_host_array(data))]
                 )
-            for sub_local, sub_target in _write_units(piece, data, tspec):
+            for sub_local, sub_target in write_units(piece, data, tspec):
                 self._write(lt.name, name, data, sub_local, sub_target)
 
     def _write(self, logical: str, dtype: str, data: torch.Tensor, local: Region, target: Region) -> None:
@@ -472,49 +472,6 @@ def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> 
         frag["checksums"] = [digest] if digest is not None else []
 
 
-def _write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> list[tuple[Region, Region]]:
-    """The (local-in-data, target) sub-regions this replica writes of one piece."""
-    whole_local: Region = Box.full(tuple(data.shape)) if isinstance(piece.local, Box) else FlatRange(0, data.numel())
-    if tspec.replicas == 1:
-        return [(whole_local, piece.target)]
-    if tspec.policy == "take-first":
-        return [(whole_local, piece.target)] if tspec.replica == 0 else []
-    nbytes = data.numel() * data.element_size()
-    splittable = isinstance(piece.target, FlatRange) or piece.target.ndim > 0
-    if nbytes < SPREAD_MIN_BYTES or not splittable:
-        chosen = zlib.crc32(f"{piece.logical}{piece.target}".encode()) % tspec.replicas
-        return [(whole_local, piece.target)] if tspec.replica == chosen else []
-    if isinstance(piece.target, FlatRange):
-        offset, length = split_evenly(piece.target.numel, tspec.replicas, tspec.replica)
-        if not length:
-            return []
-        start = piece.target.start + offset
-        return [(FlatRange(offset, offset + length), FlatRange(start, start + length))]
-    offset, length = split_evenly(piece.target.sizes[0], tspec.replicas, tspec.replica)
-    if not length:
-        return []
-    sizes = (length,) + piece.target.sizes[1:]
-    local = Box((offset,) + (0,) * (len(sizes) - 1), sizes)
-    target = Box((piece.target.offsets[0] + offset,) + piece.target.offsets[1:], sizes)
-    return [(local, target)]
-
-
-def _local_region(tensor: torch.Tensor, region: Region, key: str) -> torch.Tensor:
-    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range."""
-    if isinstance(region, Box):
-        if region.ndim != tensor.dim() or not Box.full(tuple(tensor.shape)).contains(region):
-            raise ShapeMismatchError(
-                f"tensor {key!r} has shape {list(tensor.shape)}, which does not contain the spec's local box "
-                f"{region}; fix the spec or pass the right tensor"
-            )
-        return tensor[region.slices()] if region.ndim else tensor
-    if region.stop > tensor.numel():
-        raise ShapeMismatchError(
-            f"tensor {key!r} has {tensor.numel()} elements, fewer than the spec's local range {region}; fix the spec"
-        )
-    return tensor.reshape(-1)[region.start : region.stop]
-
-
 def _host_array(tensor: torch.Tensor):
     """A C-contiguous numpy array of the tensor (a view when it already is one, on the CPU).
 
@@ -524,19 +481,6 @@ def _host_array(tensor: torch.Tensor):
     import numpy as np
 
     return np.ascontiguousarray(to_numpy(tensor.detach().to("cpu")))
-
-
-def _average(data: torch.Tensor, replicas: int, world_size: int, pg: Any, key: str) -> torch.Tensor:
-    import torch.distributed as dist
-
-    if replicas != world_size:
-        raise UcpError(
-            f"tensor {key!r}: policy 'average' needs its replicas to be the whole process group "
-            f"({replicas} replicas, {world_size} ranks); average it yourself or use 'check-equal'"
-        )
-    out = data.detach().clone()
-    dist.all_reduce(out, group=pg)
-    return out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")
 
 
 def _is_dtensor(tensor: Any) -> bool:

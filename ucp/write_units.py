@@ -1,0 +1,81 @@
+"""Which part of each shard piece this rank writes, and how replicas are reconciled.
+
+A piece held by ``replicas`` ranks is written once in total: a large one is cut
+along its first dimension (or its flat range) among the replicas, a small one is
+written whole by one replica chosen by a stable hash of its name. Pure functions
+of the piece and the local tensor, so the spreading is tested without processes::
+
+    >>> import torch
+    >>> from ucp.spec import ShardPiece, TensorSpec
+    >>> piece = ShardPiece("w", local=Box((0, 0), (4, 2)), target=Box((0, 0), (4, 2)))
+    >>> write_units(piece, torch.zeros(4, 2), TensorSpec("w", (piece,), replica=1, replicas=2, policy="take-first"))
+    []
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from ucp.errors import ShapeMismatchError, UcpError
+from ucp.geometry import Box, FlatRange, Region, split_evenly
+from ucp.spec import SPREAD_MIN_BYTES, ShardPiece, TensorSpec
+
+
+def write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> list[tuple[Region, Region]]:
+    """The (local-in-data, target) sub-regions this replica writes of one piece."""
+    whole_local: Region = Box.full(tuple(data.shape)) if isinstance(piece.local, Box) else FlatRange(0, data.numel())
+    if tspec.replicas == 1:
+        return [(whole_local, piece.target)]
+    if tspec.policy == "take-first":
+        return [(whole_local, piece.target)] if tspec.replica == 0 else []
+    nbytes = data.numel() * data.element_size()
+    splittable = isinstance(piece.target, FlatRange) or piece.target.ndim > 0
+    if nbytes < SPREAD_MIN_BYTES or not splittable:
+        chosen = zlib.crc32(f"{piece.logical}{piece.target}".encode()) % tspec.replicas
+        return [(whole_local, piece.target)] if tspec.replica == chosen else []
+    if isinstance(piece.target, FlatRange):
+        offset, length = split_evenly(piece.target.numel, tspec.replicas, tspec.replica)
+        if not length:
+            return []
+        start = piece.target.start + offset
+        return [(FlatRange(offset, offset + length), FlatRange(start, start + length))]
+    offset, length = split_evenly(piece.target.sizes[0], tspec.replicas, tspec.replica)
+    if not length:
+        return []
+    sizes = (length,) + piece.target.sizes[1:]
+    local = Box((offset,) + (0,) * (len(sizes) - 1), sizes)
+    target = Box((piece.target.offsets[0] + offset,) + piece.target.offsets[1:], sizes)
+    return [(local, target)]
+
+
+def local_region(tensor: torch.Tensor, region: Region, key: str) -> torch.Tensor:
+    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range."""
+    if isinstance(region, Box):
+        if region.ndim != tensor.dim() or not Box.full(tuple(tensor.shape)).contains(region):
+            raise ShapeMismatchError(
+                f"tensor {key!r} has shape {list(tensor.shape)}, which does not contain the spec's local box "
+                f"{region}; fix the spec or pass the right tensor"
+            )
+        return tensor[region.slices()] if region.ndim else tensor
+    if region.stop > tensor.numel():
+        raise ShapeMismatchError(
+            f"tensor {key!r} has {tensor.numel()} elements, fewer than the spec's local range {region}; fix the spec"
+        )
+    return tensor.reshape(-1)[region.start : region.stop]
+
+
+def average_replicas(data: torch.Tensor, replicas: int, world_size: int, pg: Any, key: str) -> torch.Tensor:
+    """The element-wise mean of the replicas (policy ``average``: an opt-in all-reduce)."""
+    import torch.distributed as dist
+
+    if replicas != world_size:
+        raise UcpError(
+            f"tensor {key!r}: policy 'average' needs its replicas to be the whole process group "
+            f"({replicas} replicas, {world_size} ranks); average it yourself or use 'check-equal'"
+        )
+    out = data.detach().clone()
+    dist.all_reduce(out, group=pg)
+    return out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")
