@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import pickle
+
 
 class UcpError(Exception):
     """Root of every error this project raises on purpose."""
@@ -67,6 +69,14 @@ class ReplicaMismatchError(UcpError, ValueError):
 
 class UnsafeObjectError(UcpError, TypeError):
     """Saving or loading an arbitrary Python object was not explicitly allowed."""
+
+
+class UnsafePickleError(UnsafeObjectError, pickle.UnpicklingError):
+    """A pickle names a global that could run code, or one not on the allow-list; nothing was executed."""
+
+
+class FormatError(UcpError, ValueError):
+    """A file is not in the format it claims (or is expected) to be in."""
 
 
 class AsyncSaveError(UcpError, RuntimeError):

@@ -10,8 +10,6 @@ never imported.
 
 from __future__ import annotations
 
-import pickle
-import types
 from pathlib import Path
 
 import pytest
@@ -20,43 +18,15 @@ import torch
 import ucl
 from ucl.simulate import scatter
 from ucp.layout import Layout
+from ucp.unpickle import torch_load
 from ucp.spec import LogicalTensor
 
 FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "deepspeed"
-ALLOWED = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
-           ("torch", "Size")}
-
-
-def _plain_tensor(func, new_type, args, state):
-    """Tensor subclasses (DeepSpeed's parameters) come back as plain tensors; their class is never built."""
-    return func(*args)
-
-
-class _Inert:
-    """Stands in for any class the pickle names that is not a tensor or container."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __setstate__(self, state):
-        self.state = state
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in ALLOWED or (module == "torch" and name.endswith("Storage")):
-            return super().find_class(module, name)
-        if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
-            return _plain_tensor
-        return type(name, (_Inert,), {})
-
-
-_PICKLE = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=lambda f, **kw: _RestrictedUnpickler(f, **kw).load(),
-                                __name__="restricted_pickle")
 
 
 def restricted_load(path: Path):
-    return torch.load(path, pickle_module=_PICKLE, weights_only=False, map_location="cpu")
+    """DeepSpeed's own classes (LossScaler, ZeroStageEnum) come back as inert stand-ins."""
+    return torch_load(path, unknown="stand-in")
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -1,0 +1,272 @@
+"""A restricted unpickler: tensors, containers and primitives; nothing in a file ever runs.
+
+Pickle is a program: ``find_class`` hands it any importable callable, and
+``REDUCE`` calls it. This unpickler resolves only an allow-list of harmless
+globals for real (torch's tensor rebuild functions and storages, dtypes,
+``collections``, numpy arrays, ``argparse.Namespace``, ``datetime``...), and
+refuses outright the names a hostile file needs to run code (``os.system``,
+``builtins.eval``, ``subprocess``, ``importlib``, ``functools``, ``operator``,
+any other ``torch``/``numpy`` function...). Every other global — a foreign
+framework's class, say DeepSpeed's ``LossScaler`` — is, by the caller's choice,
+
+* ``unknown="refuse"`` (the default): an :class:`~ucp.errors.UnsafePickleError`
+  naming the class and how to allow it, or
+* ``unknown="stand-in"`` (what readers of foreign checkpoints use): an
+  :class:`InertObject` subclass that records its name, arguments and state and
+  does nothing else. The foreign module is never imported.
+
+Callers extend the allow-list with ``allow=["mypkg.module.MyClass", MyOtherClass]``.
+
+>>> import pickle, collections, torch
+>>> data = pickle.dumps({"w": torch.ones(2), "order": collections.OrderedDict(a=1)})
+>>> loads(data)["order"]
+OrderedDict([('a', 1)])
+>>> import os
+>>> class Evil:
+...     def __reduce__(self):
+...         return (os.system, ("echo pwned",))
+>>> loads(pickle.dumps(Evil()))
+Traceback (most recent call last):
+...
+ucp.errors.UnsafePickleError: the pickle calls posix.system, which can run code; refused (nothing was executed)
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import importlib
+import io
+import os
+import pickle
+import types
+from typing import Any, BinaryIO, Iterable
+
+from ucp.errors import FormatError, UnsafePickleError
+
+__all__ = ["InertObject", "RestrictedUnpickler", "loads", "load", "torch_load", "pickle_module", "SAFE_GLOBALS"]
+
+# Resolved for real: constructing these runs no code from the file.
+SAFE_GLOBALS = frozenset({
+    "builtins.set", "builtins.frozenset", "builtins.slice", "builtins.complex", "builtins.bytearray",
+    "builtins.bytes", "builtins.range", "builtins.list", "builtins.dict", "builtins.tuple", "builtins.int",
+    "builtins.float", "builtins.str", "builtins.bool", "builtins.object",
+    "collections.OrderedDict", "collections.defaultdict", "collections.Counter", "collections.deque",
+    "copyreg._reconstructor", "_codecs.encode",
+    "argparse.Namespace",
+    "datetime.datetime", "datetime.date", "datetime.time", "datetime.timedelta", "datetime.timezone",
+    "decimal.Decimal", "fractions.Fraction", "uuid.UUID",
+    "pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePath", "pathlib.PurePosixPath",
+    "pathlib.PureWindowsPath",
+    "torch.Size", "torch.device", "torch.dtype", "torch.Tensor", "torch.nn.parameter.Parameter",
+    "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
+    "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
+    "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_device_tensor_from_numpy",
+    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+    "numpy.ndarray", "numpy.dtype",
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
+    "numpy.random._pickle.__randomstate_ctor", "numpy.random._pickle.__bit_generator_ctor",
+    "numpy.random._pickle.__generator_ctor", "numpy.random.mtrand.RandomState",
+})
+
+# Modules whose globals a checkpoint has no business naming: a pickle that does is refused,
+# whatever ``unknown`` says (unless the caller allows that exact name).
+_DENIED_MODULES = frozenset({
+    "os", "posix", "nt", "posixpath", "ntpath", "subprocess", "sys", "builtins", "__builtin__", "importlib",
+    "runpy", "code", "codeop", "shutil", "socket", "pickle", "_pickle", "marshal", "ctypes", "pty", "signal",
+    "multiprocessing", "webbrowser", "types", "functools", "operator", "io", "_io", "tempfile", "pdb", "timeit",
+    "trace", "cProfile", "profile", "gc", "inspect", "ast", "asyncio", "threading", "_thread", "select",
+    "sysconfig", "site", "urllib", "http", "ftplib", "smtplib", "telnetlib", "requests", "copyreg", "glob",
+    "torch", "numpy", "zipimport", "pkgutil", "platform", "ensurepip", "venv", "distutils", "setuptools", "pip",
+})
+_DENIED_NAMES = frozenset({
+    "system", "popen", "exec", "eval", "execfile", "compile", "__import__", "getattr", "setattr", "delattr",
+    "open", "input", "spawn", "spawnv", "spawnl", "call", "check_call", "check_output", "run", "Popen",
+    "load", "loads", "import_module",
+})
+# torch's dtypes are pickled as ``torch.float32`` and friends.
+_TORCH_DTYPES = frozenset({
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex32", "complex64",
+    "complex128", "cfloat", "cdouble", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "short", "int32",
+    "int", "int64", "long", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "strided", "sparse_coo", "contiguous_format", "preserve_format", "channels_last",
+})
+
+
+class InertObject:
+    """Stands in for an object of a class that was not allowed: it records, and never runs anything.
+
+    ``origin`` is the ``module.name`` the pickle asked for; ``args``/``kwargs`` what it
+    was called with; ``state`` what ``__setstate__`` received.
+
+    >>> cls = _stand_in("deepspeed.runtime.fp16.loss_scaler", "LossScaler")
+    >>> obj = cls(1.0); obj.__setstate__({"cur_scale": 4.0})
+    >>> obj.origin, obj.args, obj.state
+    ('deepspeed.runtime.fp16.loss_scaler.LossScaler', (1.0,), {'cur_scale': 4.0})
+    """
+
+    origin = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __reduce__(self):  # pickling a stand-in again would name a class that cannot be imported
+        raise TypeError(f"an inert stand-in for {self.origin} cannot be pickled")
+
+    def __repr__(self) -> str:
+        return f"<inert {self.origin}>"
+
+
+_STAND_INS: dict[tuple[str, str], type] = {}
+
+
+def _stand_in(module: str, name: str) -> type:
+    key = (module, name)
+    cls = _STAND_INS.get(key)
+    if cls is None:
+        cls = type(name.rpartition(".")[2] or "Foreign", (InertObject,), {
+            "origin": f"{module}.{name}", "__module__": "ucp.unpickle.foreign",
+        })
+        _STAND_INS[key] = cls
+    return cls
+
+
+def _plain_tensor(func: Any, new_type: Any, args: tuple, state: Any) -> Any:
+    """``torch._tensor._rebuild_from_type_v2``: a tensor subclass comes back as the plain tensor."""
+    return func(*args)
+
+
+def _global_name(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, tuple) and len(item) == 2:
+        return f"{item[0]}.{item[1]}"
+    return f"{item.__module__}.{item.__qualname__}"
+
+
+def _split(full: str) -> tuple[str, str]:
+    module, _, name = full.rpartition(".")
+    return module, name
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only allowed globals (see the module doc).
+
+    ``allow``: extra ``"module.name"`` strings, ``(module, name)`` pairs or the objects
+    themselves; ``unknown``: ``"refuse"`` or ``"stand-in"`` for globals neither allowed nor denied.
+    """
+
+    def __init__(self, file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse", **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        if unknown not in ("refuse", "stand-in"):
+            raise ValueError(f"unknown must be 'refuse' or 'stand-in', got {unknown!r}")
+        self._allowed = {_global_name(item) for item in allow}
+        self._unknown = unknown
+        # An attribute, not a method: torch.load installs its own storage loader the same way.
+        self.persistent_load = _refuse_persistent
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names (protocol < 3 pickles, torch.save's default) mean their Python 3 ones.
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        full = f"{module}.{name}"
+        if full in self._allowed:
+            return _resolve(module, name)
+        if full == "torch._tensor._rebuild_from_type_v2":
+            return _plain_tensor
+        if full == "torch.storage._load_from_bytes":
+            return _storage_from_bytes
+        if full in SAFE_GLOBALS or (module == "torch" and (name in _TORCH_DTYPES or name.endswith("Storage"))):
+            try:
+                return _resolve(module, name)
+            except (ImportError, AttributeError):
+                if module.startswith("numpy"):  # numpy 1 vs 2 module names
+                    return _resolve(module.replace("numpy._core", "numpy.core").replace("numpy.core", "numpy._core"), name)
+                raise
+        root = module.partition(".")[0]
+        if root in _DENIED_MODULES or name.rpartition(".")[2] in _DENIED_NAMES or name.startswith("__"):
+            raise UnsafePickleError(
+                f"the pickle calls {full}, which can run code; refused (nothing was executed)"
+            )
+        if self._unknown == "stand-in":
+            return _stand_in(module, name)
+        raise UnsafePickleError(
+            f"the pickle needs {full}, which is not on the allow-list of plain data types; if you trust this "
+            f"file, allow it explicitly (allow_objects=[{full!r}])"
+        )
+
+
+
+def _refuse_persistent(pid: Any) -> Any:
+    raise UnsafePickleError(f"the pickle refers to an external object {pid!r}, which plain data never does")
+
+
+def _resolve(module: str, name: str) -> Any:
+    value: Any = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _storage_from_bytes(data: bytes) -> Any:
+    # torch's own version calls torch.load(weights_only=False) on the bytes: read them restricted.
+    return torch_load(io.BytesIO(data), unknown="refuse")
+
+
+def loads(data: bytes, *, allow: Iterable[Any] = (), unknown: str = "refuse") -> Any:
+    """Unpickle ``data`` restricted (see the module doc)."""
+    return RestrictedUnpickler(io.BytesIO(data), allow=allow, unknown=unknown).load()
+
+
+def load(file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse") -> Any:
+    """Unpickle from an open binary file, restricted."""
+    return RestrictedUnpickler(file, allow=allow, unknown=unknown).load()
+
+
+def pickle_module(*, allow: Iterable[Any] = (), unknown: str = "stand-in") -> types.SimpleNamespace:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler is restricted."""
+    allow = tuple(allow)
+
+    class _Unpickler(RestrictedUnpickler):
+        def __init__(self, file: BinaryIO, **kwargs: Any) -> None:
+            super().__init__(file, allow=allow, unknown=unknown, **kwargs)
+
+    return types.SimpleNamespace(
+        Unpickler=_Unpickler,
+        load=lambda file, **kwargs: _Unpickler(file, **kwargs).load(),
+        __name__="ucp.unpickle",
+    )
+
+
+def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "stand-in",
+               map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """``torch.load`` through the restricted unpickler: a ``.pt`` file of a foreign framework, safely.
+
+    Foreign classes become :class:`InertObject` stand-ins by default (``unknown="stand-in"``);
+    the framework is never imported, and a file naming ``os.system`` is refused.
+    ``mmap=True`` maps tensor bytes instead of reading them (zip-format files).
+
+    >>> import torch, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.pt")
+    >>> torch.save({"w": torch.arange(3)}, path)
+    >>> torch_load(path)["w"]
+    tensor([0, 1, 2])
+    """
+    import torch
+
+    options: dict[str, Any] = {"map_location": map_location, "weights_only": False,
+                               "pickle_module": pickle_module(allow=allow, unknown=unknown)}
+    if mmap:
+        options["mmap"] = True
+    try:
+        return torch.load(source, **options)
+    except UnsafePickleError:
+        raise
+    except (pickle.UnpicklingError, EOFError) as err:
+        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the file"
+        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: {err})") from None
