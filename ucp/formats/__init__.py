@@ -2,7 +2,8 @@
 
 Each format lives in its own module here and registers itself on import;
 importing ``ucp.formats`` registers them all. Order of registration is the
-order :func:`detect_format` tries them in (most specific first).
+order :func:`detect_format` tries them in (most specific first): folders with
+a marker file of their own, then single files.
 """
 
 from ucp.formats.base import (  # noqa: F401
@@ -12,8 +13,16 @@ from ucp.formats.base import (  # noqa: F401
     TensorInfo,
     TrainingState,
     UnknownFormatError,
+    blocks,
     detect_format,
     formats,
     get_format,
+    parse_size,
     register_format,
 )
+
+# One import per format, most specific detection first (each line registers one module's formats).
+import ucp.formats.ucp_format  # noqa: F401,E402  (manifest.json)
+import ucp.formats.dcp  # noqa: F401,E402  (.metadata)
+import ucp.formats.safetensors_format  # noqa: F401,E402  (*.safetensors, model.safetensors.index.json)
+import ucp.formats.torch_file  # noqa: F401,E402  (one torch.save file: last, it matches any .pt)
