@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -74,7 +75,7 @@ def read_metadata(path: str) -> Any:
         raise FormatError(f"{path} is not a DCP checkpoint: it has no {METADATA_NAME}") from None
     except UnsafePickleError as err:
         raise UnsafePickleError(f"{file}: {err}") from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
         raise FormatError(f"{file} cannot be read as DCP metadata ({type(err).__name__}: {err}); "
                           "the file is damaged or truncated") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
@@ -322,7 +323,7 @@ class DcpWriter:
         self.path = os.fspath(path)
         self._state = state if state is not None else TrainingState()
         self._tensors = {t.name: t for t in tensors}
-        tree = build_tree(list(self._tensors), self._state, _Name)
+        tree = unplain(build_tree(list(self._tensors), self._state, _Name))
         self._flat = _flatten(tree, lambda v: isinstance(v, _Name))
         self._fqn = {leaf.name: fqn for fqn, (_, leaf) in self._flat.items() if isinstance(leaf, _Name)}
         self._chunks: dict[str, list[Box]] = {n: [] for n in self._tensors}
@@ -398,7 +399,7 @@ class DcpWriter:
                 else:
                     entries[fqn] = BytesStorageMetadata()
                     buffer = io.BytesIO()
-                    torch.save(unplain(leaf), buffer)
+                    torch.save(leaf, buffer)
                     buffer.seek(0)
                     self._pending[(fqn, ())] = buffer
                     self._pending_items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))

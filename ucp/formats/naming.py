@@ -236,10 +236,11 @@ def _nested_optimizer(value: dict) -> dict:
 
 
 def plain(value: Any) -> Any:
-    """A JSON value for any non-tensor leaf (tuples become lists; foreign objects a tagged record).
+    """A JSON value for any non-tensor leaf; what JSON lacks is tagged (``$tuple``, ``$float``, ``$bytes``,
+    ``$inert`` for a foreign object's record), so :func:`unplain` gives tuples, NaNs and bytes back.
 
     >>> plain({"betas": (0.9, 0.99), "nan": float("nan")})
-    {'betas': [0.9, 0.99], 'nan': {'$float': 'nan'}}
+    {'betas': {'$tuple': [0.9, 0.99]}, 'nan': {'$float': 'nan'}}
     """
     from ucp.unpickle import InertObject
 
@@ -249,7 +250,9 @@ def plain(value: Any) -> Any:
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, tuple):
+        return {"$tuple": [plain(v) for v in value]}
+    if isinstance(value, (list, set, frozenset)):
         return [plain(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
@@ -265,7 +268,7 @@ def plain(value: Any) -> Any:
 
 
 def unplain(value: Any) -> Any:
-    """Undo :func:`plain`'s tags that have a Python value (non-finite floats, bytes); the rest stays JSON.
+    """Undo :func:`plain`'s tags that have a Python value (tuples, non-finite floats, bytes); the rest stays JSON.
 
     >>> unplain({"x": {"$float": "inf"}, "b": {"$bytes": "AAE="}})
     {'x': inf, 'b': b'\\x00\\x01'}
@@ -277,6 +280,8 @@ def unplain(value: Any) -> Any:
             return float(value["$float"])
         if len(value) == 1 and "$bytes" in value:
             return base64.b64decode(value["$bytes"])
+        if len(value) == 1 and "$tuple" in value:
+            return tuple(unplain(v) for v in value["$tuple"])
         return {k: unplain(v) for k, v in value.items()}
     return value
 

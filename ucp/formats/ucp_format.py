@@ -60,7 +60,7 @@ def _decode(node: Any) -> Any:
         if tag == "$tensor":
             return _Ref(body)
         if tag == "$tuple":
-            return [_decode(v) for v in body]
+            return {"$tuple": [_decode(v) for v in body]}  # the tag naming.plain uses too
         if tag == "$dict":
             return {k if isinstance(k, str) else str(k): _decode(v) for k, v in body}
         if tag in ("$float", "$object"):
@@ -74,8 +74,8 @@ def _encode(node: Any) -> Any:
         return [_encode(v) for v in node]
     if not isinstance(node, dict):
         return node
-    if len(node) == 1 and next(iter(node)) in ("$tensor", "$float"):
-        return node
+    if len(node) == 1 and next(iter(node)) in ("$tensor", "$float", "$tuple"):
+        return {k: _encode(v) for k, v in node.items()}
     if any(isinstance(k, str) and k.startswith("$") for k in node):
         return {"$dict": [[k, _encode(v)] for k, v in node.items()]}
     return {k: _encode(v) for k, v in node.items()}
