@@ -257,7 +257,9 @@ def plain(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, InertObject):
-        return {"$inert": value.origin, "args": plain(list(value.args)), "state": plain(value.state)}
+        # getattr: a stand-in made by pickle's NEWOBJ skips __init__, so it may lack args and state
+        return {"$inert": value.origin, "args": plain(list(getattr(value, "args", ()))),
+                "state": plain(getattr(value, "state", None))}
     if hasattr(value, "tolist"):  # numpy arrays and scalars, torch.Size
         return plain(value.tolist())
     if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
