@@ -122,10 +122,10 @@ def split_tree(tree: Any, is_tensor: Callable[[Any], bool] | None = None) -> tup
             namer.nested(value, (skey,), extra)
         elif "rng" in skey.lower() or "random" in skey.lower():
             rng[skey] = plain(value)
+        elif skey == "step" and isinstance(value, int) and not isinstance(value, bool):
+            step = value  # build_tree writes it back under this key
         else:
             extra[skey] = plain(value)
-            if skey in STEP_KEYS and step is None and isinstance(value, int) and not isinstance(value, bool):
-                step = value
     if model_root is None:
         roots["model"] = ""
     groups: list[dict] = []
@@ -326,7 +326,7 @@ def build_tree(names: list[str], state: TrainingState, leaf: Callable[[str], Any
         opt_state.setdefault(param, {}).update(values)
     if model_key != "" and (model or not (opt_state or state.param_groups)):
         tree[model_key] = model
-    if opt_state or state.param_groups:
+    if opt_state or state.param_groups or "optimizer" in roots:
         tree[opt_key] = {"state": opt_state, "param_groups": [dict(g) for g in state.param_groups]}
     for key, value in state.extra.items():
         if key in (_ROOTS, _OPT_VALUES):

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, TrainingState, blocks, register_format
 from ucp.formats.naming import build_tree, split_tree
 from ucp.geometry import Box, FlatRange, coverage_gaps
@@ -212,6 +213,14 @@ def _layout_tilings(program: str, layout: Layout, logical: dict[str, LogicalTens
         for tspec in fmap.tensors.values():
             for piece in tspec.pieces:
                 regions.setdefault(piece.logical, set()).add(piece.target)
+    unmapped = [n for n in logical if n not in regions]
+    unknown = [n for n in regions if n not in logical]
+    if unmapped or unknown:
+        problems = ([f"it does not map {len(unmapped)} tensor(s) of the source: {', '.join(unmapped[:8])}"]
+                    if unmapped else []) + ([f"it maps tensors the source lacks: {', '.join(unknown[:8])}"]
+                                            if unknown else [])
+        raise FormatError(f"the UCL program does not describe this checkpoint at {layout}: " + "; ".join(problems)
+                          + "; fix the program or convert without --program/--layout")
     out = {}
     for name, found in regions.items():
         if name not in logical or any(isinstance(r, FlatRange) for r in found):
