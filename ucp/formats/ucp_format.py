@@ -165,6 +165,10 @@ class UcpWriter:
                 specs[key] = TensorSpec(key, pieces)
                 self._keys[t.name][part] = key
         self._names = list(logical)
+        # The writer holds added tensors until their writes finish (up to 64 MiB in flight): flushing
+        # every two blocks keeps what it holds within the conversion's budget.
+        self._flush_bytes = 2 * block_bytes if block_bytes else None
+        self._unflushed = 0
         self._writer = CheckpointWriter(self.path, spec=FragmentMap(rank=0, logical=logical, tensors=specs),
                                         overwrite=overwrite, storage_options=storage_options, layout=lay,
                                         program=_program_text(program) if program is not None else None)
@@ -181,6 +185,10 @@ class UcpWriter:
         if key is None:
             raise ValueError(f"tensor {name!r}: {region} is not one of the blocks this writer planned")
         self._writer.add(key, tensor)
+        self._unflushed += tensor.numel() * tensor.element_size()
+        if self._flush_bytes is not None and self._unflushed >= self._flush_bytes:
+            self._writer.flush()
+            self._unflushed = 0
 
     def set_state(self, state: TrainingState) -> None:
         tree = build_tree(self._names, state, lambda n: {"$tensor": n})
