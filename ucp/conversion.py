@@ -11,7 +11,9 @@ the training state, and each tensor is read and written in turn. A tensor
 larger than a quarter of the budget is read and written in row blocks
 (:func:`ucp.formats.base.blocks`) when the writer takes tensors in parts (all
 writers here do), so peak memory stays near the budget whatever the tensor
-sizes; a writer that needs whole tensors raises the bound to the budget plus
+sizes: the piece being written, the next one being read in a background thread
+(reading overlaps writing), and what the writer buffers (at most one more
+block). A writer that needs whole tensors raises the bound to the budget plus
 the largest tensor. Any error - a damaged source, a full disk - aborts the
 writer: nothing appears at the destination, and an existing checkpoint there
 (``overwrite=True``) stays as it was.
@@ -25,7 +27,7 @@ import functools
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ucp.errors import UcpError
 
@@ -100,7 +102,8 @@ def convert(
     >>> r.src_format, r.dst_format, r.tensors
     ('torch', 'safetensors', 1)
     """
-    from ucp.formats import blocks, detect_format, get_format, parse_size
+    from ucp.formats import detect_format, get_format, parse_size
+    from ucp.formats.readahead import read_ahead
     from ucp.spec import LogicalTensor
 
     src, dst = os.fspath(src), os.fspath(dst)
@@ -129,23 +132,17 @@ def convert(
         done = 0
         try:
             parts = hasattr(writer, "add_region")
-            for info in infos:
-                if parts and info.nbytes > block:
-                    for box in blocks(info.shape, info.dtype, block):
-                        piece = info.read(box)
-                        writer.add_region(info.name, box, piece)
-                        done += piece.numel() * piece.element_size()
-                        del piece
-                        release_freed_memory()
-                        if progress is not None:
-                            progress(done, total, info.name)
+            for info, box, piece in read_ahead(_pieces(infos, block if parts else None)):
+                if box is None:
+                    writer.add(info.name, piece)
                 else:
-                    writer.add(info.name, info.read())
-                    done += info.nbytes
-                    if info.nbytes >= 1 << 20:
-                        release_freed_memory()
-                    if progress is not None:
-                        progress(done, total, info.name)
+                    writer.add_region(info.name, box, piece)
+                done += piece.numel() * piece.element_size()
+                del piece
+                if done and info.nbytes >= 1 << 20:
+                    release_freed_memory()
+                if progress is not None:
+                    progress(done, total, info.name)
             writer.set_state(state)
         except BaseException:
             writer.abort()
@@ -154,6 +151,18 @@ def convert(
     return ConvertResult(src=src, dst=dst, src_format=fmt_in.name, dst_format=fmt_out.name, tensors=len(infos),
                          bytes=total, largest_tensor=max((i.nbytes for i in infos), default=0),
                          memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started)
+
+
+def _pieces(infos: list, block: int | None) -> Iterator[tuple[Any, Any, Any]]:
+    """``(info, box, tensor)`` for each block of each tensor (``box`` None: the whole tensor, to ``add``)."""
+    from ucp.formats import blocks
+
+    for info in infos:
+        if block is not None and info.nbytes > block:
+            for box in blocks(info.shape, info.dtype, block):
+                yield info, box, info.read(box)
+        else:
+            yield info, None, info.read()
 
 
 @functools.lru_cache(maxsize=1)

@@ -327,7 +327,7 @@ class DcpWriter:
         self._flat = _flatten(tree, lambda v: isinstance(v, _Name))
         self._fqn = {leaf.name: fqn for fqn, (_, leaf) in self._flat.items() if isinstance(leaf, _Name)}
         self._chunks: dict[str, list[Box]] = {n: [] for n in self._tensors}
-        self._batch_bytes = 2 * block_bytes if block_bytes else 1 << 30
+        self._batch_bytes = block_bytes if block_bytes else 1 << 30
         self._pending: dict = {}
         self._pending_items: list = []
         self._pending_bytes = 0
@@ -342,7 +342,7 @@ class DcpWriter:
         self.add_region(name, Box.full(tuple(tensor.shape)), tensor)
 
     def add_region(self, name: str, region: Box, tensor: torch.Tensor) -> None:
-        """Write ``region`` of ``name`` as one DCP chunk (queued; written with its batch of ``2 * block_bytes``)."""
+        """Write ``region`` of ``name`` as one DCP chunk (queued; written with its batch of ``block_bytes``)."""
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties
         from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 

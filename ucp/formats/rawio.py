@@ -29,10 +29,12 @@ from ucp.dtypes import allocate, to_numpy
 from ucp.errors import TruncatedDataError
 from ucp.geometry import Box
 
-__all__ = ["read_box", "write_at", "flat_offset", "SLAB_BYTES"]
+__all__ = ["read_box", "write_at", "flat_offset", "SLAB_BYTES", "WRITEBACK_BYTES"]
 
 # Rows read at once when a box spans only part of each row (the rest of the row is discarded).
 SLAB_BYTES = 32 << 20
+# Writes at least this large start their writeback at once (see write_at).
+WRITEBACK_BYTES = 4 << 20
 
 
 def flat_offset(shape: tuple[int, ...], offsets: tuple[int, ...]) -> int:
@@ -62,11 +64,18 @@ def _pread_into(fd: int, offset: int, view: memoryview, what: str) -> None:
 
 
 def write_at(fd: int, offset: int, tensor: torch.Tensor) -> int:
-    """Write the tensor's row-major bytes at ``offset``; returns the bytes written."""
+    """Write the tensor's row-major bytes at ``offset``; returns the bytes written.
+
+    The kernel is asked to start writing them back right away (``POSIX_FADV_DONTNEED``
+    starts writeback of dirty pages, and drops them once clean), so the final ``fsync``
+    of the commit waits for the tail only, and converting does not fill the page cache.
+    """
     view = _bytes_of(tensor)
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
+    if len(view) >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
     return len(view)
 
 

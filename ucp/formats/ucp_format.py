@@ -166,8 +166,8 @@ class UcpWriter:
                 self._keys[t.name][part] = key
         self._names = list(logical)
         # The writer holds added tensors until their writes finish (up to 64 MiB in flight): flushing
-        # every two blocks keeps what it holds within the conversion's budget.
-        self._flush_bytes = 2 * block_bytes if block_bytes else None
+        # every block keeps what it holds within the conversion's budget.
+        self._flush_bytes = block_bytes
         self._unflushed = 0
         self._writer = CheckpointWriter(self.path, spec=FragmentMap(rank=0, logical=logical, tensors=specs),
                                         overwrite=overwrite, storage_options=storage_options, layout=lay,
