@@ -9,8 +9,9 @@ non-tensor state comes apart as :class:`TrainingState`. So every conversion
 streams, and ``inspect``/``verify``/``diff`` work on every format.
 
 A **writer** (:class:`FormatWriter`) is opened with the list of every logical
-tensor it will receive (``open_writer(path, tensors=[LogicalTensor...],
-overwrite=False, block_bytes=..., **options)``: a safetensors header or a DCP
+tensor it will receive and the training state (``open_writer(path,
+tensors=[LogicalTensor...], state=TrainingState(...), overwrite=False,
+block_bytes=..., **options)``: a safetensors header, a torch.save pickle or a DCP
 metadata file needs them up front), takes logical tensors one at a time
 (``add``), then the non-tensor state (``set_state``), and makes the result
 exist on ``close`` (or throws it away on ``abort``). A writer that can take a
@@ -18,7 +19,7 @@ tensor in parts also has ``add_region(name, region, tensor)``: a tensor larger
 than ``block_bytes`` then arrives as the boxes of :func:`blocks`, in order, so
 no tensor needs to be whole in memory.
 
-Logical names are shared by every format (docs/FORMAT.md, "Logical names"):
+Logical names are shared by every format (docs/CONVERT.md, "Logical names"):
 
 * a model tensor is its fully qualified name without wrapper prefixes
   (``module.``, ``_orig_mod.``, ``_fsdp_wrapped_module.``):
@@ -172,7 +173,7 @@ class Format:
     ``detect(path)`` must be cheap (look at names, a few header bytes) and never
     unpickle anything. ``open_reader(path)`` validates what it can without reading
     tensor bytes (a :class:`~ucp.errors.FormatError` naming the file otherwise).
-    ``open_writer(path, *, tensors, overwrite=False, block_bytes=..., **options)``
+    ``open_writer(path, *, tensors, state=None, overwrite=False, block_bytes=None, **options)``
     refuses what it cannot represent before writing anything; it is None for
     formats that are read-only here.
     """

@@ -95,7 +95,7 @@ class UcpReader:
         manifest = self._reader.manifest
         tree = manifest.states.get(min(manifest.states)) if manifest.states else {}
         tree = _decode(tree) if tree is not None else {}
-        names, self._state = split_tree(tree if isinstance(tree, dict) else {"state": tree},
+        names, self._state = split_tree(tree if isinstance(tree, (dict, list, _Ref)) else {"state": tree},
                                         lambda v: isinstance(v, _Ref))
         self._names: dict[str, str] = {}
         if manifest.program is None:
