@@ -57,22 +57,23 @@ class Case:
 
 # ----------------------------------------------------------------------------- dcp -> safetensors
 def _shapes(size_gib: float) -> dict[str, tuple[int, ...]]:
-    """LLM-shaped tensors of about ``size_gib`` GiB of bfloat16."""
-    per_layer = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN + 2 * HIDDEN
-    fixed = 2 * VOCAB * HIDDEN + HIDDEN
+    """LLM-shaped tensors of about ``size_gib`` GiB of bfloat16 (a small model below 0.5 GiB, for smoke runs)."""
+    hidden, ffn, vocab = (HIDDEN, FFN, VOCAB) if size_gib >= 0.5 else (256, 704, 1000)
+    per_layer = 4 * hidden * hidden + 3 * hidden * ffn + 2 * hidden
+    fixed = 2 * vocab * hidden + hidden
     layers = max(1, round((size_gib * 2**30 / 2 - fixed) / per_layer))
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            shapes[f"{p}self_attn.{name}.weight"] = (HIDDEN, HIDDEN)
-        shapes[f"{p}mlp.gate_proj.weight"] = (FFN, HIDDEN)
-        shapes[f"{p}mlp.up_proj.weight"] = (FFN, HIDDEN)
-        shapes[f"{p}mlp.down_proj.weight"] = (HIDDEN, FFN)
-        shapes[f"{p}input_layernorm.weight"] = (HIDDEN,)
-        shapes[f"{p}post_attention_layernorm.weight"] = (HIDDEN,)
-    shapes["model.norm.weight"] = (HIDDEN,)
-    shapes["lm_head.weight"] = (VOCAB, HIDDEN)
+            shapes[f"{p}self_attn.{name}.weight"] = (hidden, hidden)
+        shapes[f"{p}mlp.gate_proj.weight"] = (ffn, hidden)
+        shapes[f"{p}mlp.up_proj.weight"] = (ffn, hidden)
+        shapes[f"{p}mlp.down_proj.weight"] = (hidden, ffn)
+        shapes[f"{p}input_layernorm.weight"] = (hidden,)
+        shapes[f"{p}post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
     return shapes
 
 

@@ -202,8 +202,8 @@ class UcpWriter:
 
 
 def _overlap(part: Box, tile: Box, shape: tuple[int, ...]) -> Box | None:
-    if not shape:
-        return part
+    if not shape or part.is_empty():  # 0-d, or no elements: the one block is the whole (empty) tensor
+        return part if tile == Box.full(shape) or not shape else None
     return part.intersect(tile)
 
 
@@ -221,7 +221,7 @@ def _layout_tilings(program: str, layout: Layout, logical: dict[str, LogicalTens
         for tspec in fmap.tensors.values():
             for piece in tspec.pieces:
                 regions.setdefault(piece.logical, set()).add(piece.target)
-    unmapped = [n for n in logical if n not in regions]
+    unmapped = [n for n, t in logical.items() if n not in regions and Box.full(t.shape).numel]  # empty: nothing to map
     unknown = [n for n in regions if n not in logical]
     if unmapped or unknown:
         problems = ([f"it does not map {len(unmapped)} tensor(s) of the source: {', '.join(unmapped[:8])}"]
