@@ -20,8 +20,9 @@ A torch.save file, a DCP checkpoint or a plain ``ucp.save`` holds a *tree*:
 * Non-tensor values become plain JSON values: ``step`` (from ``step``,
   ``global_step`` or ``iteration``), the param groups with ``params`` as logical
   names, ``rng`` (top-level keys naming an RNG) and ``extra`` (every other
-  top-level key). ``extra["$roots"]`` remembers the root keys found, so that a
-  writer can give the tree back the same shape.
+  top-level key). ``extra["$roots"]`` remembers the root keys found (and a
+  wrapper around them, like the DCP recipe's ``{"app": {"model", "optim"}}``),
+  so that a writer can give the tree back the same shape.
 
 >>> import torch
 >>> w = torch.ones(2)
@@ -64,6 +65,20 @@ def strip_wrappers(name: str) -> str:
     return ".".join(kept) if kept else name
 
 
+def _wrapper(tree: dict) -> Any:
+    """The one top-level key whose dict holds the model/optimizer roots, when the top level has none."""
+    def has_roots(node: Any) -> bool:
+        return isinstance(node, dict) and any(isinstance(k, str) and (k in MODEL_ROOTS or k in OPTIMIZER_ROOTS)
+                                              for k in node)
+
+    if has_roots(tree):
+        return None
+    found = [k for k, v in tree.items() if has_roots(v)]
+    if len(found) != 1 or set(tree[found[0]]) & (set(tree) - {found[0]}):
+        return None
+    return found[0]
+
+
 def _is_optimizer(value: Any) -> bool:
     if not isinstance(value, dict):
         return False
@@ -91,7 +106,11 @@ def split_tree(tree: Any, is_tensor: Callable[[Any], bool] | None = None) -> tup
         tree = {str(i): v for i, v in enumerate(tree)}
     if not isinstance(tree, dict):
         raise FormatError(f"the checkpoint holds a {type(tree).__name__}, not tensors or a dict of them")
-    roots: dict[str, str] = {}
+    roots: dict[str, Any] = {}
+    wrapper = _wrapper(tree)
+    if wrapper is not None:  # {"app": {"model": ..., "optim": ...}, ...}: the DCP recipe's Stateful wrapper
+        roots["wrapper"], roots["outer"] = wrapper, [str(k) for k in tree if k != wrapper]
+        tree = {**tree[wrapper], **{k: v for k, v in tree.items() if k != wrapper}}
     model_root = next((k for k in MODEL_ROOTS if isinstance(tree.get(k), dict) and not _is_optimizer(tree[k])), None)
     opt_root = next((k for k in tree if isinstance(k, str) and k in OPTIMIZER_ROOTS), None)
     optimizers: list[dict] = []
@@ -345,4 +364,7 @@ def build_tree(names: list[str], state: TrainingState, leaf: Callable[[str], Any
     tree.update(state.rng)
     if state.step is not None and not any(tree.get(k) == state.step for k in STEP_KEYS):
         tree["step"] = state.step
+    if roots.get("wrapper") is not None:
+        outer = {k: tree.pop(k) for k in roots.get("outer", ()) if k in tree}
+        tree = {roots["wrapper"]: tree, **outer}
     return tree

@@ -66,6 +66,16 @@ def test_other_tensors_keep_their_paths_and_rng_is_separated():
     assert state.extra["ema/decay"] == 0.99
 
 
+def test_a_wrapper_around_the_roots_is_looked_through():
+    # The DCP recipe saves {"app": AppState(model, optimizer)}, whose state_dict is {"model": ..., "optim": ...}.
+    osd = {"state": {"fc.w": {"exp_avg": T}}, "param_groups": [{"lr": 0.1, "params": ["fc.w"]}]}
+    tree = {"app": {"model": {"fc.w": T}, "optim": osd}, "step": 4}
+    names, state = split_tree(tree)
+    assert sorted(names) == ["fc.w", "fc.w/exp_avg"] and state.step == 4
+    rebuilt = build_tree(list(names), state, lambda n: T)
+    assert set(rebuilt) == {"app", "step"} and set(rebuilt["app"]) == {"model", "optim"}
+
+
 def test_two_tensors_with_one_name_are_refused():
     with pytest.raises(FormatError, match=r"two tensors get the logical name 'w': 'module\.w' and 'w' \(a wrapper "
                                           r"prefix stripped from one of them\?\); rename one before converting"):
@@ -80,6 +90,8 @@ def test_two_tensors_with_one_name_are_refused():
     {"state_dict": {"w": T}, "optimizer_states": [{"state": {0: {"exp_avg": T}},
                                                    "param_groups": [{"lr": 1.0, "params": [0]}]}], "global_step": 9},
     {"model": {"w": T, "_extra_state": b"\x00"}, "optimizer": {"state": {}, "param_groups": []}},
+    {"app": {"model": {"w": T}, "optim": {"state": {"w": {"m": T}}, "param_groups": [{"params": ["w"]}]}},
+     "epoch": 2},
 ])
 def test_build_tree_inverts_split_tree(tree):
     names, state = split_tree(tree)
