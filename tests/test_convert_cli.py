@@ -148,3 +148,21 @@ def test_convert_benchmark_runs_end_to_end(tmp_path, capsys):
     (report,) = json.loads(capsys.readouterr().out)
     assert report["case"] == "dcp-to-safetensors" and report["outputs_equal"] is True
     assert report["ours"]["peak_rss"] > 0 and report["speedup"] > 0
+
+
+def test_inspect_and_verify_take_every_format(tmp_path, capsys):
+    sources = _sources(tmp_path)
+    for fmt, path in sources.items():
+        assert main(["inspect", path, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        names = {t["name"] for t in out["tensors"]}
+        assert names == {"w", "b"}, fmt
+        assert main(["verify", path]) == 0
+        assert capsys.readouterr().out.startswith("OK "), fmt
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(open(sources["safetensors"], "rb").read()[:-16])
+    assert main(["verify", str(bad), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["format"] == "safetensors" and report["problems"][0]["kind"] == "FormatError"
+    assert main(["inspect", str(bad)]) == 2
+    assert "but the file holds only" in capsys.readouterr().err
