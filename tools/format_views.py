@@ -26,18 +26,11 @@ def foreign_format(path: str) -> Any:
     return None if fmt.name == "ucp" else fmt
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from tools.inspect_cli import _size  # the same size column as for ucp checkpoints
     from ucp.formats.inspection import describe_format
 
     summary = describe_format(args.path, format=fmt.name)  # a damaged file raises: exit 2 in the dispatcher
