@@ -144,7 +144,7 @@ def test_hostile_pickle_is_refused_and_nothing_runs(tmp_path, capsys):
 def test_convert_benchmark_runs_end_to_end(tmp_path, capsys):
     from tools.bench import convert_bench
 
-    assert convert_bench.main(["--size-gib", "0.02", "--world", "2", "--dir", str(tmp_path), "--json"]) == 0
+    assert convert_bench.main(["--size-gib", "0.02", "--world", "1", "--dir", str(tmp_path), "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)
     assert report["case"] == "dcp-to-safetensors" and report["outputs_equal"] is True
     assert report["ours"]["peak_rss"] > 0 and report["speedup"] > 0
