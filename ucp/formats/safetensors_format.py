@@ -8,7 +8,8 @@ anything else, then reads any region of a tensor with plain reads of the rows
 it spans. The writer plans every shard's header up front from the tensor
 list, so tensors (or row blocks of them) go straight to their offsets: memory
 holds one block at a time. Shards are ``model-0000i-of-0000n.safetensors``
-with the index ``from_pretrained`` reads; a destination ending in
+with the index ``from_pretrained`` reads (a folder is read as its index says,
+else as ``model.safetensors``, else as all its ``.safetensors`` files); a destination ending in
 ``.safetensors`` is one file. The training state (step, param groups...)
 travels as JSON in the index's ``metadata`` (one file: in ``__metadata__``)
 under ``ucp_training_state``.
@@ -222,6 +223,8 @@ def _shard_files(path: str) -> list[str]:
             if os.path.basename(file) != file or not os.path.isfile(os.path.join(path, file)):
                 raise FormatError(f"{os.path.join(path, name)} names shard {file!r}, which is not in {path}")
         return [os.path.join(path, f) for f in files]
+    if os.path.isfile(os.path.join(path, SINGLE_NAME)):  # a Hugging Face folder: the model is this file
+        return [os.path.join(path, SINGLE_NAME)]
     files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not files:
         raise FormatError(f"{path} holds no .safetensors file")
