@@ -9,7 +9,6 @@ import torch
 
 import ucp.formats.naming as naming
 from ucp.errors import FormatError
-from ucp.formats.base import TrainingState
 from ucp.formats.naming import build_tree, split_tree, strip_wrappers
 
 T = torch.zeros(1)
