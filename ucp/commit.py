@@ -89,10 +89,8 @@ def begin_save(url: str, *, token: str, overwrite: bool, storage_options: dict |
     if target.strategy == "rename":
         target.storage.remove()  # a stale staging area of a killed save with the same token
         os.makedirs(target.storage.root, exist_ok=True)
-    elif overwrite:
-        # Without rename the old checkpoint must stop being one before its files change.
-        target.final.remove(MANIFEST_NAME)
-        target.final.remove()
+    # On a marker store the old checkpoint stays whole (its arrays have other keys than this
+    # save's) until the new manifest replaces it; commit then deletes the old arrays.
     return target
 
 
@@ -203,15 +201,26 @@ def commit(target: SaveTarget, manifest: Manifest) -> None:
             f"could not commit {target.final.display()}: other saves kept committing to it; save to a new path"
         )
     _fsync_dir(os.path.dirname(final_root))
-    for old in moved_aside:
-        Storage(old).remove()
+    for old in moved_aside:  # committed: a failure to delete leaves garbage (swept later), not a failed save
+        try:
+            Storage(old).remove()
+        except OSError:
+            pass
 
 
 def _commit_marker(target: SaveTarget, data: bytes) -> None:
     """Write the manifest (the commit marker); without overwrite, only if none is there yet."""
     path = target.final.path(MANIFEST_NAME)
     if target.overwrite:
-        target.final.write_bytes(MANIFEST_NAME, data)
+        target.final.write_bytes(MANIFEST_NAME, data)  # one object replaced: old or new, never neither
+        if target.key_prefix:  # now the old checkpoint's arrays (any other prefix) are garbage
+            own = target.key_prefix.rstrip("/")
+            for entry in target.final.listdir("data"):
+                if entry != own:
+                    try:
+                        target.final.remove("data", entry)
+                    except OSError:
+                        pass  # left as garbage; readers only follow the manifest
         return
     try:  # exclusive create where the store offers it: atomic against a concurrent commit
         with target.final.fs.open(path, "xb") as fh:

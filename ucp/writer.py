@@ -29,9 +29,9 @@ from typing import Any, Callable
 import torch
 
 from ucp import checksum as _checksum
-from ucp.commit import (SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing, new_token,
-                        open_target, write_part)
-from ucp.dtypes import storage_dtype, to_numpy
+from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing,
+                        new_token, open_target, write_part)
+from ucp.dtypes import host_array, storage_dtype
 from ucp.errors import CheckpointExistsError, InvalidArgumentError, LayoutError, NameConflictError, UcpError
 from ucp.geometry import Box, Region, region_to_dict
 from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
@@ -155,11 +155,15 @@ class CheckpointWriter:
                     f"a checkpoint already exists at {target.final.display()}; pass overwrite=True to replace it "
                     "or save to a new path"
                 )
+            if target.strategy == "marker" and overwrite:
+                target.final.remove(MANIFEST_NAME)  # un-commit the old one before its files change
             if target.strategy == "rename":
                 import os
 
                 os.makedirs(target.storage.root, exist_ok=True)
             target.storage.reused = True  # a killed earlier attempt may have left arrays there
+            # ... and its part: were this rank to die now, finalize must not merge that one.
+            target.storage.remove(PARTS_DIR, f"rank-{self.rank:05d}.json")
             return target
         return begin_save(self.path, token=new_token(), overwrite=overwrite, storage_options=storage_options)
 
@@ -201,7 +205,7 @@ class CheckpointWriter:
                 data = average_replicas(data, replicas, self._pg)
             if replicas > 1 and tspec.policy == "check-equal" and self._pg is not None:
                 self._part["replica_digests"].append(
-                    [lt.name, region_to_dict(piece.target), _checksum.digest(_host_array(data))]
+                    [lt.name, region_to_dict(piece.target), _checksum.digest(host_array(data))]
                 )
             for sub_local, sub_target in write_units(piece, data, tspec):
                 self._write(lt.name, name, data, sub_local, sub_target)
@@ -213,7 +217,7 @@ class CheckpointWriter:
         else:
             part = data[local.start : local.stop]
             shape = (local.numel,)
-        array = _host_array(part).reshape(shape)
+        array = host_array(part).reshape(shape)
         rows = chunk_rows_for(shape, array.itemsize)
         chunks = chunk_count(shape, rows)
         if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
@@ -477,18 +481,6 @@ def _record_checksum(checksums: list[str], index: int, found: str | None) -> Non
 def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> None:
     for frag, digest in zip(frags, found):
         frag["checksums"] = [digest] if digest is not None else []
-
-
-def _host_array(tensor: torch.Tensor):
-    """A C-contiguous numpy array of the tensor (a view when it already is one, on the CPU).
-
-    Non-contiguous CPU tensors are copied by numpy, not by torch's ``contiguous()``, whose
-    intra-op thread pool stalls when other processes keep the cores busy.
-    """
-    import numpy as np
-
-    # A conjugate or negative view keeps its values in a lazy bit numpy cannot see: resolve it.
-    return np.ascontiguousarray(to_numpy(tensor.detach().to("cpu").resolve_conj().resolve_neg()))
 
 
 def _is_dtensor(tensor: Any) -> bool:

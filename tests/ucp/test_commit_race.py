@@ -190,3 +190,18 @@ def test_renameat2_refuses_an_existing_empty_directory(tmp_path):
     with pytest.raises(FileExistsError):
         rename_noreplace(str(tmp_path / "a"), str(tmp_path / "b"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no lock file: the kernel did it
+
+
+def test_an_overwrite_on_a_marker_store_keeps_the_old_checkpoint_until_it_commits(tmp_path):
+    path = f"memory://over-{tmp_path.name}/c"
+    ucp.save({"w": torch.zeros(300, 300)}, path)
+    writer = CheckpointWriter(path, overwrite=True)
+    writer.add("w", torch.ones(300, 300))
+    writer.set_state({"w": {"$tensor": "w"}})
+    writer.flush()
+    assert torch.equal(ucp.load(path)["w"], torch.zeros(300, 300))  # a crash now would leave this one
+    writer.close()
+    assert torch.equal(ucp.load(path)["w"], torch.ones(300, 300))
+    fs, root = fsspec.core.url_to_fs(path)
+    assert len(fs.ls(f"{root}/data", detail=False)) == 1  # the old arrays are gone after the commit
+    assert ucp.verify(path).ok

@@ -99,11 +99,42 @@ def _scenarios(rank: int, root: str) -> None:
     dist.barrier()
 
 
+def _restore_falls_back_together(rank: int, root: str) -> None:
+    """Only rank 1 reads the damaged bytes of step 2; both ranks must restore step 1, and say so."""
+    import warnings
+    from pathlib import Path
+
+    from ucp.manager import CheckpointManager
+    from ucp.policies import KeepAll
+
+    spec = _row_spec(rank)
+    manager = CheckpointManager(f"{root}/mgr", process_group=dist.group.WORLD, retention=KeepAll(),
+                                save_options={"spec": spec})
+    for step in (1, 2):
+        manager.save(step, {"w": torch.full((2, 3), float(step)), "step": step})
+    if rank == 1:
+        chunk = next(p for p in Path(manager.path_for(2), "data", "r1").rglob("c*") if p.is_file())
+        raw = bytearray(chunk.read_bytes())
+        raw[0] ^= 0xFF
+        chunk.write_bytes(bytes(raw))
+    dist.barrier()
+    into = {"w": torch.zeros(2, 3), "step": 0}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert manager.restore(into=into, spec=spec) == 1
+    assert into["step"] == 1 and torch.equal(into["w"], torch.ones(2, 3))
+    messages = [str(w.message) for w in caught if issubclass(w.category, ucp.RestoreFallbackWarning)]
+    assert len(messages) == 1 and messages[0].startswith(f"skipped {manager.path_for(2)}: ChecksumError: "), messages
+    assert messages[0].endswith("(on rank 1)") == (rank == 0), messages
+    dist.barrier()
+
+
 def _worker(rank: int, port: int, root: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=20))
     try:
         _scenarios(rank, root)
+        _restore_falls_back_together(rank, root)
     finally:
         dist.destroy_process_group()
 
@@ -120,4 +151,4 @@ def test_one_bad_rank_fails_every_rank_fast(tmp_path):
         for proc in context.processes:
             if proc.is_alive():
                 proc.kill()
-    assert os.listdir(tmp_path) == []  # nothing committed, no staging left behind
+    assert os.listdir(tmp_path) == ["mgr"]  # the failed saves committed nothing, left no staging behind

@@ -132,3 +132,16 @@ def test_retention_unmakes_a_checkpoint_before_deleting_its_bytes():
     manager.save(2, make_state(2))  # pruning step 1 fails part-way
     assert manager.steps() == [2]
     assert not FlakyRemoveFS().exists(f"/run/{step_dirname(1)}/{MANIFEST_NAME}")
+
+
+def test_when_every_checkpoint_is_damaged_restore_says_so_instead_of_starting_over(tmp_path):
+    manager = CheckpointManager(tmp_path, retention=KeepAll())
+    for step in (1, 2):
+        manager.save(step, make_state(step))
+        _corrupt_largest_chunk(tmp_path / step_dirname(step))
+    with pytest.warns(ucp.RestoreFallbackWarning), pytest.raises(ucp.RestoreError) as err:
+        manager.restore(into=make_state(0))
+    assert str(err.value) == (
+        f"no checkpoint under {tmp_path} could be restored (every one is damaged: {manager.path_for(2)}, "
+        f"{manager.path_for(1)}); repair or remove them to start over"
+    )
