@@ -42,7 +42,7 @@ def save(
     layout: Layout | str | None = None,
     checksums: bool = True,
     overwrite: bool = False,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     storage_options: dict | None = None,
     logical: dict[str, LogicalTensor] | None = None,
 ) -> SaveResult:
@@ -54,7 +54,8 @@ def save(
     plain tensors under a process group - as replicas of the whole group.
     ``logical`` (name -> LogicalTensor) tells a UCL program the whole shapes it
     cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
-    partitions).
+    partitions). Values that are not JSON are refused unless ``allow_objects``
+    (pickled; loads need ``allow_objects`` too, see :func:`load`).
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -86,7 +87,7 @@ def open_writer(
     world_size: int | None = None,
     program: str | None = None,
     layout: Layout | str | None = None,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     logical: dict[str, LogicalTensor] | None = None,
     **writer_options: Any,
 ) -> tuple[FlatState, CheckpointWriter]:
@@ -192,7 +193,7 @@ def load(
     map_location: str | torch.device = "cpu",
     strict: bool = True,
     verify: bool = True,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     storage_options: dict | None = None,
 ) -> Any:
     """Load a checkpoint, optionally resharded to ``spec`` and/or in place into ``into``.
@@ -203,6 +204,14 @@ def load(
     + ``rank``), exactly that rank's local tensors are returned, reading only
     the bytes that overlap them. ``into`` fills existing tensors with
     ``copy_`` (no second copy) and the returned state shares them.
+
+    A whole load returns every logical tensor: the saved tree's references
+    resolved, plus the logical tensors the tree does not place, at the top
+    level under their full names (``w`` and ``w/fp32`` side by side;
+    docs/FORMAT.md, "Loading a whole checkpoint"). Pickled objects in the
+    state load only with ``allow_objects``: ``True`` for plain data types
+    (restricted unpickler, :mod:`ucp.unpickle`), or an iterable of
+    ``"module.Class"`` names or classes to allow those as well.
 
     >>> import torch, ucp, tempfile, os
     >>> d = os.path.join(tempfile.mkdtemp(), "c")
@@ -221,6 +230,14 @@ def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str
 
     After a load that failed part-way, ``filled`` names the tensors of ``into`` it may
     have changed (CheckpointManager.restore uses it to fall back safely).
+
+    >>> import torch, ucp, tempfile, os
+    >>> d = os.path.join(tempfile.mkdtemp(), "c")
+    >>> _ = ucp.save({"w": torch.ones(2)}, d)
+    >>> filled = set()
+    >>> _ = load_recording(d, {"w": torch.zeros(2)}, filled=filled)
+    >>> filled
+    {'w'}
     """
     return _load(os.fspath(path), into, filled, **options)
 

@@ -436,10 +436,15 @@ def _merge_in_place(into: Any, loaded: Any) -> None:
                 _merge_in_place(current, value)
             elif not isinstance(current, torch.Tensor):
                 into[key] = value
-    elif isinstance(into, list) and isinstance(loaded, list) and len(into) == len(loaded):
+    elif isinstance(into, list) and isinstance(loaded, list):
+        # The saved list may be longer or shorter (a history that grew): it is what was saved.
         for i, value in enumerate(loaded):
-            current = into[i]
-            if isinstance(current, (dict, list)) and isinstance(value, type(current)):
+            current = into[i] if i < len(into) else None
+            if i >= len(into):
+                into.append(value)
+            elif isinstance(current, (dict, list)) and isinstance(value, type(current)):
                 _merge_in_place(current, value)
             elif not isinstance(current, torch.Tensor):
                 into[i] = value
+        if not any(isinstance(v, torch.Tensor) for v in into[len(loaded):]):
+            del into[len(loaded):]

@@ -120,7 +120,8 @@ def _check_replicas(parts: list[dict]) -> None:
 def _check_whole_load(first: dict, tensors: dict) -> None:
     """Refuse what ``ucp.load(path)`` could not return: an unplaced logical tensor named like a top-level key."""
     tree = first.get("state")
-    unplaced = [name for name in tensors if name not in set(tensor_refs(tree))]
+    placed = set(tensor_refs(tree))
+    unplaced = [name for name in tensors if name not in placed]
     if not unplaced:
         return
     keys = top_level_keys(tree)
@@ -175,6 +176,8 @@ def _part_problem(part: Any, rank: int, world_size: int) -> str | None:
     if not isinstance(fragments, dict) or not all(isinstance(v, list) for v in fragments.values()):
         return "member 'fragments' is not a map of tensor name to a list of fragments"
     for name, frags in fragments.items():
+        if name not in logical:
+            return f"member 'fragments' names {name!r}, which member 'logical' does not"
         for index, frag in enumerate(frags):
             bad = _fragment_problem(frag)
             if bad:

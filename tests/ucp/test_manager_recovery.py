@@ -145,3 +145,11 @@ def test_when_every_checkpoint_is_damaged_restore_says_so_instead_of_starting_ov
         f"no checkpoint under {tmp_path} could be restored (every one is damaged: {manager.path_for(2)}, "
         f"{manager.path_for(1)}); repair or remove them to start over"
     )
+
+
+def test_restore_brings_back_a_list_whose_length_changed(tmp_path):
+    manager = CheckpointManager(tmp_path, retention=KeepAll())
+    manager.save(1, {"w": torch.ones(2), "losses": [0.5, 0.25, 0.125], "seen": [{"a": 1}, {"b": 2}]})
+    into = {"w": torch.zeros(2), "losses": [], "seen": [{"a": 0}, {"b": 0}, {"c": 0}]}
+    assert manager.restore(into=into) == 1
+    assert into["losses"] == [0.5, 0.25, 0.125] and into["seen"] == [{"a": 1}, {"b": 2}]

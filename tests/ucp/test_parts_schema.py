@@ -28,6 +28,8 @@ def _part(path, rank: int):
     (lambda p: {**p, "logical": {"w": {"dtype": "float32", "shape": [-1]}}},
      "member 'logical' is not a map of tensor name to {\"dtype\", \"shape\"}: bad shape [-1] of 'w'"),
     (lambda p: {**p, "replica_digests": "x"}, "member 'replica_digests' is not a list of [name, region, digest]"),
+    (lambda p: {**p, "fragments": {**p["fragments"], "ghost": []}},
+     "member 'fragments' names 'ghost', which member 'logical' does not"),
     (lambda p: [1, 2], "not a JSON object"),
 ])
 def test_a_damaged_part_is_refused_by_finalize_naming_the_file(tmp_path, edit, message):
