@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 from ucp.commit import SHARED_TOKEN, commit, existing, open_target, read_parts, write_part
+from ucp.errors import InvalidArgumentError
 from ucp.parts import merge_parts, new_part
 from ucp.writer import SaveResult, utc_now
 
@@ -42,6 +43,9 @@ def finalize(path: str, *, world_size: int, storage_options: dict | None = None)
         # on every rank:  ucp.save(state, "ckpt/5", rank=r, world_size=4)
         # then, once:     ucp.finalize("ckpt/5", world_size=4)
     """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise InvalidArgumentError(f"world_size must be a positive integer (the number of ranks that saved), "
+                                   f"got {world_size!r}")
     target = open_target(path, token=SHARED_TOKEN, storage_options=storage_options)
     parts = read_parts(target, world_size)
     target.overwrite = all(part["overwrite"] for part in parts)  # as the ranks were told

@@ -89,3 +89,9 @@ def test_finalize_replaces_a_checkpoint_when_the_ranks_were_told_to(tmp_path):
     ucp.finalize(path, world_size=2)
     assert ucp.load(path)["w"].tolist() == [1.0, 1.0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_finalize_needs_a_positive_world_size(tmp_path):
+    with pytest.raises(ucp.InvalidArgumentError, match=r"world_size must be a positive integer \(the number of ranks "
+                                                      r"that saved\), got 0"):
+        ucp.finalize(tmp_path / "c", world_size=0)
