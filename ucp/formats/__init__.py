@@ -17,3 +17,5 @@ from ucp.formats.base import (  # noqa: F401
     get_format,
     register_format,
 )
+
+from ucp.formats import deepspeed_zero  # noqa: E402,F401  (registers deepspeed-zero)
