@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import io
+import math
 import os
 import pickle
 import sys
@@ -73,10 +74,7 @@ class StoredTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 class _StorageRef:
@@ -188,10 +186,12 @@ class StreamingPtWriter:
     def add(self, tensor: torch.Tensor) -> StoredTensor:
         """Write ``tensor``'s bytes now; the returned handle stands for it in ``finish``'s object."""
         t = tensor.detach().to("cpu").contiguous()
+        nbytes = t.numel() * t.element_size()
+        if t.storage_offset() or t.untyped_storage().nbytes() != nbytes:  # a view: write only its own bytes
+            t = t.clone()
         key = str(self._count)
         self._count += 1
-        nbytes = t.numel() * t.element_size()
-        self._zip.write_record(f"data/{key}", t.data_ptr() if nbytes else b"", nbytes)
+        self._zip.write_record(f"data/{key}", t.untyped_storage() if nbytes else b"", nbytes)
         return StoredTensor(key, t.dtype, tuple(t.shape))
 
     def finish(self, obj: Any) -> None:
