@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ucp.formats.deepspeed_pt import release_pages
 from ucp.geometry import Box, FlatRange, Region, plan_overlaps
 
 __all__ = ["Fragment", "zero12_fragments", "zero3_fragments", "read_region"]
@@ -100,14 +101,26 @@ def zero3_rank_sizes(sub_groups: Sequence[Sequence[tuple[str, int]]], *, dp: int
 
 
 def read_region(shape: Sequence[int], dtype: torch.dtype, runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]],
-                region: Region | None) -> torch.Tensor:
+                region: Region | None, *, mapped: bool = False) -> torch.Tensor:
     """``region`` of a ``shape`` tensor whose flattening is tiled by ``runs``: (range, fetch the run's 1-d data).
 
     Only the runs that overlap the region are fetched. Returns the whole tensor
     for ``None``, a 1-d tensor for a FlatRange, a box-shaped one for a Box.
+    ``mapped``: the runs are slices of memory-mapped files, whose pages are let go once copied.
     """
     shape = tuple(int(s) for s in shape)
     total = math.prod(shape)
+    fetched: list[torch.Tensor] = []
+    try:
+        return _assemble(shape, total, dtype, runs, region, fetched)
+    finally:
+        for view in fetched if mapped else ():
+            release_pages(view)
+
+
+def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
+              runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]], region: Region | None,
+              fetched: list[torch.Tensor]) -> torch.Tensor:
     if region is None or isinstance(region, FlatRange):
         lo, hi = (0, total) if region is None else (region.start, region.stop)
         if hi > total:
@@ -116,25 +129,33 @@ def read_region(shape: Sequence[int], dtype: torch.dtype, runs: Sequence[tuple[F
         for rng, fetch in runs:
             a, b = max(lo, rng.start), min(hi, rng.stop)
             if a < b:
-                out[a - lo:b - lo].copy_(fetch()[a - rng.start:b - rng.start])
+                run = fetch()
+                fetched.append(run)
+                out[a - lo:b - lo].copy_(run[a - rng.start:b - rng.start])
         return out.view(shape) if region is None else out
     out = torch.empty(region.sizes, dtype=dtype)
     ops = plan_overlaps([rng for rng, _ in runs], region, shape)
-    fetched: dict[int, torch.Tensor] = {}
+    by_source: dict[int, torch.Tensor] = {}
     for op in ops:
-        if op.source not in fetched:
-            fetched[op.source] = runs[op.source][1]()
-        data = fetched[op.source]
+        if op.source not in by_source:
+            by_source[op.source] = runs[op.source][1]()
+            fetched.append(by_source[op.source])
+        data = by_source[op.source]
         span = op.src.span
         src = data[span.start:span.stop].view(op.src.box.sizes)[op.overlap.relative_to(op.src.box).slices()]
         out[op.overlap.relative_to(region).slices()] = src
     return out
 
 
-def read_dense(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:
-    """``region`` of a tensor held whole (a memory-mapped one reads only the pages the region covers)."""
+def read_dense(tensor: torch.Tensor, region: Region | None, *, mapped: bool = False) -> torch.Tensor:
+    """A copy of ``region`` of a tensor held whole; a memory-mapped one reads only the pages the region
+    covers, and lets go of them afterwards (:func:`~ucp.formats.deepspeed_pt.release_pages`)."""
     if region is None:
-        return tensor.clone()
-    if isinstance(region, Box):
-        return tensor[region.slices()].clone()
-    return tensor.reshape(-1)[region.start:region.stop].clone()
+        out = tensor.clone()
+    elif isinstance(region, Box):
+        out = tensor[region.slices()].clone()
+    else:
+        out = tensor.reshape(-1)[region.start:region.stop].clone()
+    if mapped and tensor.is_contiguous():
+        release_pages(tensor)
+    return out

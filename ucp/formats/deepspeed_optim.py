@@ -22,7 +22,7 @@ import torch
 from ucp.errors import FormatError
 from ucp.formats.deepspeed_flat import Fragment, read_region, zero12_fragments, zero3_fragments, zero3_rank_sizes
 from ucp.formats.deepspeed_plain import foreign_of
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed_pt import load_pt_mapped
 from ucp.geometry import FlatRange, Region
 from ucp.unpickle import InertObject
 
@@ -58,6 +58,7 @@ class ZeroOptimizerFiles:
         self.files = files
         self.dp = len(ranks)
         self._open: dict[int, dict] = {}
+        self._mapped: dict[int, bool] = {}
         first = self._osd(0)
         self.stage = zero_stage_of(first, files[0])
         self.param_shapes = [dict(group) for group in param_shapes]
@@ -104,7 +105,7 @@ class ZeroOptimizerFiles:
     # --- files --------------------------------------------------------------------------------------
     def _osd(self, rank: int) -> dict:
         if rank not in self._open:
-            sd = load_pt(self.files[rank])
+            sd, self._mapped[rank] = load_pt_mapped(self.files[rank])
             osd = sd.get("optimizer_state_dict") if isinstance(sd, dict) else None
             if not isinstance(osd, dict):
                 raise FormatError(f"{self.files[rank]} has no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file")
@@ -186,19 +187,22 @@ class ZeroOptimizerFiles:
         """``region`` of state ``key`` (``fp32``, ``exp_avg``...) of parameter ``name``, from the ranks that hold it."""
         frags: list[Fragment] = self.fragments[name]
         if dtype is None:
-            dtype = self._flat(frags[0].rank, frags[0].group, key, 0).dtype if frags else torch.float32
+            dtype = self.dtype(name, key)
 
         def fetch(f: Fragment):
             return lambda: self._flat(f.rank, f.group, key, f.offset + f.numel)[f.offset:f.offset + f.numel]
 
         runs = [(FlatRange(f.start, f.stop), fetch(f)) for f in frags]
-        return read_region(self.shapes[name], dtype, runs, region)
+        out = read_region(self.shapes[name], dtype, runs, region,
+                          mapped=all(self._mapped.get(f.rank, False) for f in frags))
+        return out
 
     def dtype(self, name: str, key: str) -> torch.dtype:
-        frags = self.fragments[name]
-        if not frags:
-            return torch.float32
-        return self._flat(frags[0].rank, frags[0].group, key, 0).dtype
+        """The dtype of state ``key`` of ``name``, from rank 0's file (which holds every group's partition)."""
+        flat = self._flat_list(0, key)[self.group_of[name]]
+        if not isinstance(flat, torch.Tensor):
+            raise FormatError(f"{self.files[0]}: no {key} for group {self.group_of[name]}")
+        return flat.dtype
 
     def opened(self) -> list[int]:
         """The data-parallel ranks whose files have been opened so far (tests check region reads with it)."""

@@ -24,7 +24,7 @@ from typing import Iterator
 from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, register_format
 from ucp.formats.deepspeed_flat import read_dense
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed_pt import load_pt_mapped
 from ucp.formats.deepspeed_zero import DeepSpeedZeroReader, checkpoint_files, resolve_step_dir
 
 __all__ = ["DeepSpeedPipelineReader", "layer_names"]
@@ -75,7 +75,7 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
         known = self._known_names()
         seen: dict[str, tuple] = {}
         for (index, _), path in sorted(self.files["layer"].items()):
-            state = load_pt(path)
+            state, mapped = load_pt_mapped(path)
             if not isinstance(state, dict):
                 raise FormatError(f"{path} is not a layer state dict")
             keys = list(state)
@@ -88,7 +88,7 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
                     continue
                 seen[name] = tuple(tensor.shape)
                 yield TensorInfo(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
-                                 lambda r, t=tensor: read_dense(t, r))
+                                 lambda r, t=tensor, m=mapped: read_dense(t, r, mapped=m))
 
 
 def _detect(path: str) -> bool:

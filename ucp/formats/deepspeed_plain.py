@@ -81,6 +81,8 @@ def _to_plain(obj: Any, tensor: Callable[[torch.Tensor, str], str] | None, where
         if id(obj) in seen:
             return {"$ref": seen[id(obj)]}
         seen[id(obj)] = len(seen)
+    if isinstance(obj, np.generic):  # before float: np.float64 is a float
+        return {"$npscalar": {"dtype": obj.dtype.str, "data": base64.b64encode(obj.tobytes()).decode()}}
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):
@@ -115,8 +117,6 @@ def _to_plain(obj: Any, tensor: Callable[[torch.Tensor, str], str] | None, where
             raise FormatError(f"a numpy array of Python objects at {where} cannot be read as data")
         return {"$ndarray": {"dtype": obj.dtype.str, "shape": list(obj.shape),
                              "data": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode()}}
-    if isinstance(obj, np.generic):
-        return {"$npscalar": {"dtype": obj.dtype.str, "data": base64.b64encode(obj.tobytes()).decode()}}
     if isinstance(obj, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(obj)).decode()}
     if isinstance(obj, (set, frozenset)):

@@ -38,23 +38,64 @@ from ucp.errors import FormatError
 from ucp.formats.deepspeed_plain import ForeignObject
 from ucp.unpickle import torch_load
 
-__all__ = ["load_pt", "save_pt", "StreamingPtWriter", "StoredTensor"]
+__all__ = ["load_pt", "load_pt_mapped", "save_pt", "StreamingPtWriter", "StoredTensor", "release_pages"]
+
+_MADV_DONTNEED = 4  # Linux and macOS
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def load_pt(path: str | os.PathLike, *, mmap: bool = True) -> Any:
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def release_pages(view: torch.Tensor) -> None:
+    """Let go of the resident pages under ``view``, a slice of a memory-mapped ``.pt`` tensor (only such:
+    on ordinary memory this would zero it; :func:`load_pt_mapped` says which tensors are mapped).
+
+    A mapped file's pages count toward the process's memory as long as they stay
+    mapped; a conversion reads every byte once, so without this its peak memory
+    would grow to the size of the checkpoint. The pages are clean and private
+    (``torch.load(mmap=True)`` maps copy-on-write and nothing writes them), so the
+    kernel drops them and a later read faults them in again from the file.
+    """
+    nbytes = view.numel() * view.element_size()
+    if _LIBC is None or nbytes < _PAGE or view.device.type != "cpu":
+        return
+    start = view.data_ptr() // _PAGE * _PAGE
+    stop = -(-(view.data_ptr() + nbytes) // _PAGE) * _PAGE
+    _LIBC.madvise(start, stop - start, _MADV_DONTNEED)
+
+
+def load_pt(path: str | os.PathLike, *, mmap: bool = True, allow: tuple = ()) -> Any:
     """The object in a ``.pt`` file, read restricted; tensors memory-mapped when the file allows it."""
+    return load_pt_mapped(path, mmap=mmap, allow=allow)[0]
+
+
+def load_pt_mapped(path: str | os.PathLike, *, mmap: bool = True, allow: tuple = ()) -> tuple[Any, bool]:
+    """:func:`load_pt`, and whether its tensors are memory-mapped (only then may :func:`release_pages` touch them)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FormatError(f"{path} is missing")
     if mmap:
         try:
-            return torch_load(path, unknown="stand-in", mmap=True)
+            return torch_load(path, unknown="stand-in", mmap=True, allow=allow), True
         except RuntimeError as err:
             # The legacy (pre zip) torch.save format cannot be mapped; read it whole instead.
             if "mmap" not in str(err) and "zip" not in str(err):
                 raise FormatError(f"{path} is not a readable torch.save file: {err}") from None
     try:
-        return torch_load(path, unknown="stand-in")
+        return torch_load(path, unknown="stand-in", allow=allow), False
     except RuntimeError as err:
         raise FormatError(f"{path} is not a readable torch.save file: {err}") from None
 

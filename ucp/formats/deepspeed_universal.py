@@ -31,7 +31,7 @@ from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, TrainingState, register_format
 from ucp.formats.deepspeed_flat import read_dense
 from ucp.formats.deepspeed_optim import zero_stage_of
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed_pt import load_pt, load_pt_mapped
 from ucp.formats.deepspeed_universal_writer import DeepSpeedUniversalWriter
 from ucp.formats.deepspeed_zero import MODEL3_RE, MODEL_RE, json_value, plain_state
 
@@ -82,6 +82,7 @@ class DeepSpeedUniversalReader:
         self.model_states = {n: load_pt(os.path.join(self.step_dir, n)) for n in files}
         self.params = sorted(n for n in os.listdir(self.zero_dir) if os.path.isdir(os.path.join(self.zero_dir, n)))
         self._files: dict[str, Any] = {}
+        self._mapped: dict[str, bool] = {}
         first = next(iter(self.model_states.values()), {})
         self.shapes = {name: tuple(int(s) for s in shape)
                        for ms in self.model_states.values() for group in ms.get("param_shapes") or []
@@ -92,8 +93,14 @@ class DeepSpeedUniversalReader:
     def _file(self, param: str, key: str) -> Any:
         path = os.path.join(self.zero_dir, param, f"{key}.pt")
         if path not in self._files:
-            self._files[path] = load_pt(path)
+            self._files[path], self._mapped[path] = load_pt_mapped(path)
         return self._files[path]
+
+    def _read(self, param: str, key: str, region: Any) -> torch.Tensor:
+        tensor = self._tensor(param, key)
+        out = read_dense(tensor, region, mapped=self._mapped[os.path.join(self.zero_dir, param, f"{key}.pt")])
+        self._files.pop(os.path.join(self.zero_dir, param, f"{key}.pt"), None)  # one read per file in a conversion
+        return out
 
     def _tensor(self, param: str, key: str) -> torch.Tensor:
         where = os.path.join(self.zero_dir, param, f"{key}.pt")
@@ -132,21 +139,20 @@ class DeepSpeedUniversalReader:
                     continue
                 owner = shared.get(name, name)
                 yield TensorInfo(name, dtype, self.shapes[owner],
-                                 lambda r, o=owner, d=tensor.dtype: read_dense(self._tensor(o, "fp32"), r).to(d))
+                                 lambda r, o=owner, d=tensor.dtype: self._read(o, "fp32", r).to(d))
         for param in self.params:
             if not os.path.isfile(os.path.join(self.zero_dir, param, "fp32.pt")):
                 raise FormatError(f"{self.zero_dir}/{param} has no fp32.pt")
             trained = self._trained(param)
             if param not in module_names:  # a pipeline's (no module in its model states): only fp32 exists
                 t = self._tensor(param, "fp32")
-                yield TensorInfo(param, "float32", tuple(t.shape), lambda r, p=param: read_dense(
-                    self._tensor(p, "fp32"), r))
+                yield TensorInfo(param, "float32", tuple(t.shape), lambda r, p=param: self._read(p, "fp32", r))
             if not trained:
                 continue
             for key in self._state_keys(param):
                 t = self._tensor(param, key)
                 yield TensorInfo(f"{param}/{key}", str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                 lambda r, p=param, k=key: read_dense(self._tensor(p, k), r))
+                                 lambda r, p=param, k=key: self._read(p, k, r))
             if os.path.isfile(os.path.join(self.zero_dir, param, "step.pt")):
                 step = self._file(param, "step")
                 if isinstance(step, torch.Tensor):
@@ -210,8 +216,7 @@ class DeepSpeedUniversalReader:
         return TrainingState(step=step if isinstance(step, int) else None, param_groups=tuple(groups), extra=extra)
 
     def close(self) -> None:
-        self._files.clear()
-        self.model_states.clear()
+        self._files.clear()  # a TensorInfo read later maps its file again
 
     def __enter__(self) -> "DeepSpeedUniversalReader":
         return self

@@ -36,7 +36,7 @@ import math
 import os
 import shutil
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -62,8 +62,14 @@ def _check_param_name(name: str) -> None:
 
 
 def _as_saved(tensor: torch.Tensor, key: str) -> torch.Tensor:
-    """A fresh contiguous copy; master weights flagged ``requires_grad`` as DeepSpeed's are (same bytes)."""
-    out = tensor.detach().contiguous().clone()
+    """The tensor alone in its storage (torch.save writes whole storages), contiguous; master weights
+    flagged ``requires_grad`` as DeepSpeed's are, which changes one byte of the file."""
+    out = tensor.detach()
+    if not out.is_contiguous() or out.storage_offset() or out.untyped_storage().nbytes() != out.numel() * \
+            out.element_size():
+        out = out.contiguous().clone()
+    else:
+        out = out.view(out.shape)  # a new tensor object: setting requires_grad never touches the caller's
     return out.requires_grad_(True) if key == "fp32" and out.is_floating_point() else out
 
 
@@ -72,9 +78,13 @@ class DeepSpeedUniversalWriter:
 
     format = "deepspeed-universal"
 
-    def __init__(self, path: str | os.PathLike, *, style: str = "auto", overwrite: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, tensors: Iterable[Any] | None = None, overwrite: bool = False,
+                 state: TrainingState | None = None, style: str = "auto", block_bytes: int | None = None) -> None:
+        # block_bytes: this writer takes whole tensors only (no add_region); every file it writes is one tensor.
         if style not in ("auto", "zero12", "zero3"):
             raise ValueError(f"style must be 'auto', 'zero12' or 'zero3', got {style!r}")
+        for info in tensors or ():  # refuse what cannot be written before writing anything
+            _check_param_name(getattr(info, "name", info))
         self.path = os.path.abspath(os.fspath(path)).rstrip(os.sep)
         if os.path.exists(self.path) and not overwrite:
             raise CheckpointExistsError(f"{self.path} exists; pass overwrite=True to replace it")
@@ -88,7 +98,7 @@ class DeepSpeedUniversalWriter:
         self._model: dict[str, StoredTensor] = {}
         self._written: dict[str, list[str]] = {}  # param -> states written
         self._steps: dict[str, torch.Tensor] = {}
-        self._state = TrainingState()
+        self._state = state if state is not None else TrainingState()
         self._closed = False
 
     def __enter__(self) -> "DeepSpeedUniversalWriter":
@@ -277,7 +287,8 @@ class DeepSpeedUniversalWriter:
         for param, keys in self._written.items():
             for key in keys:
                 path = os.path.join(self._tmp, "zero", param, f"{key}.pt")
-                save_pt(_as_saved(load_pt(path)["param"].reshape(-1), key), path)
+                flat = load_pt(path, mmap=False)["param"].reshape(-1)  # read whole: the file is rewritten
+                save_pt(_as_saved(flat, key), path)
 
     def _optimizer_state(self, trained: list[str]) -> Any:
         source = self._deepspeed().get("optimizer_state")

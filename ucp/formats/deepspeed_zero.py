@@ -41,7 +41,7 @@ from ucp.formats.base import Format, TensorInfo, TrainingState, register_format
 from ucp.formats.deepspeed_flat import read_dense, read_region
 from ucp.formats.deepspeed_optim import FP32, ZeroOptimizerFiles
 from ucp.formats.deepspeed_plain import to_plain
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed_pt import load_pt_mapped
 from ucp.geometry import FlatRange, Region
 
 __all__ = ["DeepSpeedZeroReader", "resolve_step_dir", "checkpoint_files", "plain_state", "json_value"]
@@ -129,9 +129,10 @@ class DeepSpeedZeroReader:
         self._check_parallelism(mp_ranks)
         self.units: dict[int, ZeroOptimizerFiles] = {}
         self.model_states: dict[str, dict] = {}
+        self._mapped: dict[str, bool] = {}
         for mp in mp_ranks:
             model_file = self._model_file(mp)
-            states = load_pt(model_file)
+            states = self._load(model_file)
             if not isinstance(states, dict) or "param_shapes" not in states:
                 raise FormatError(f"{model_file} has no param_shapes: not a DeepSpeed model-states file")
             self.model_states[model_file] = states
@@ -142,11 +143,15 @@ class DeepSpeedZeroReader:
         if self.stage == 3:
             for (dp, mp), f in sorted(files["model3"].items()):
                 if f not in self.model_states:
-                    self.model_states[f] = load_pt(f)
+                    self.model_states[f] = self._load(f)
         self._owner: dict[str, ZeroOptimizerFiles] = {}
         for unit in self.units.values():
             for name in unit.names():
                 self._owner.setdefault(name, unit)  # a pipeline's tied weights live in several stages: the first
+
+    def _load(self, path: str) -> Any:
+        obj, self._mapped[path] = load_pt_mapped(path)
+        return obj
 
     # --- layout ---------------------------------------------------------------------------------------
     def _check_parallelism(self, mp_ranks: list[int]) -> None:
@@ -181,7 +186,8 @@ class DeepSpeedZeroReader:
                 raise FormatError(f"{self._model_file(0)}: module entry {name!r} is not a tensor")
             dtype = str(tensor.dtype).removeprefix("torch.")
             if self.stage <= 2 or name in buffers:
-                yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor: read_dense(t, r))
+                mapped = self._mapped[next(iter(self.model_states))]
+                yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor: read_dense(t, r, mapped=mapped))
                 continue
             owner = shared.get(name, name)
             if owner in self._owner:
@@ -332,9 +338,9 @@ class DeepSpeedZeroReader:
         return {mp: unit.opened() for mp, unit in self.units.items()}
 
     def close(self) -> None:
+        # Drops the mapped optimizer files; a TensorInfo read later maps them again.
         for unit in self.units.values():
             unit.close()
-        self.model_states.clear()
 
     def __enter__(self) -> "DeepSpeedZeroReader":
         return self
