@@ -36,6 +36,7 @@ import math
 import os
 import shutil
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 import torch
@@ -51,6 +52,7 @@ __all__ = ["DeepSpeedUniversalWriter", "DS_VERSION"]
 # (DeepSpeed's loader refuses a checkpoint without a version, and ZeRO-1 ones older than 0.3.17).
 DS_VERSION = "0.19.8"
 _SPOOL = "mp_rank_00_model_states.pt"
+_IN_FLIGHT = 2  # tensors being saved on writer threads while the next one is read
 
 
 def _check_param_name(name: str) -> None:
@@ -100,6 +102,8 @@ class DeepSpeedUniversalWriter:
         self._steps: dict[str, torch.Tensor] = {}
         self._state = state if state is not None else TrainingState()
         self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="ucp-ds-universal")
+        self._pending: list[Future] = []
 
     def __enter__(self) -> "DeepSpeedUniversalWriter":
         return self
@@ -126,8 +130,19 @@ class DeepSpeedUniversalWriter:
             raise FormatError(f"logical tensor {name!r} was added twice")
         folder = os.path.join(self._tmp, "zero", param)
         os.makedirs(folder, exist_ok=True)
-        save_pt({"cat_dim": 0, "param": _as_saved(tensor, key)}, os.path.join(folder, f"{key}.pt"))
+        self._save_soon({"cat_dim": 0, "param": _as_saved(tensor, key)}, os.path.join(folder, f"{key}.pt"))
         self._written.setdefault(param, []).append(key)
+
+    def _save_soon(self, obj: Any, path: str) -> None:
+        """Save on a writer thread, so the next tensor is read while this one is written (at most
+        ``_IN_FLIGHT`` tensors wait: the caller's copy is dropped once ``add`` returns, ours once saved)."""
+        while len(self._pending) >= _IN_FLIGHT:
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(save_pt, obj, path))
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._pending.pop(0).result()
 
     def set_state(self, state: TrainingState) -> None:
         self._state = state
@@ -146,6 +161,7 @@ class DeepSpeedUniversalWriter:
         if self._closed:
             return
         try:
+            self._drain()
             style = self._style()
             model, kept = self._write_model_states(self._model_state_specs(style))
             self._write_masters(model)
@@ -161,10 +177,16 @@ class DeepSpeedUniversalWriter:
         except BaseException:
             self.abort()
             raise
+        finally:
+            self._pool.shutdown(wait=True)
         self._closed = True
 
     def abort(self) -> None:
         if not self._closed:
+            for future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._pending.clear()
             self._spool.abort()
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._closed = True
