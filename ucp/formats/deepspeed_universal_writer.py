@@ -206,7 +206,7 @@ class DeepSpeedUniversalWriter:
         for group in self._state.param_groups or ({"params": trained},):
             shapes.append({n: torch.Size(self._model[n].shape) for n in group.get("params", []) if n in trained})
         return {
-            "module": {n: {"$tensor": {"name": n}} for n in self._model},
+            "module": {n: {"@tensor": {"name": n}} for n in self._model},
             "buffer_names": list(self._state.extra.get("buffers") or []), "optimizer": None, "param_shapes": shapes,
             "frozen_param_shapes": None, "shared_params": dict(self._state.extra.get("tied") or {}),
             "frozen_param_fragments": None, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,

@@ -98,7 +98,7 @@ def json_value(value: Any) -> Any:
 
 
 def plain_state(obj: Any, tensor: Callable[[torch.Tensor, str], Any]) -> Any:
-    """``to_plain`` whose tensors become ``{"$tensor": tensor(t, path)}``."""
+    """``to_plain`` whose tensors become ``{"@tensor": tensor(t, path)}``."""
     return to_plain(obj, tensor=tensor)
 
 

@@ -28,7 +28,7 @@ def test_a_real_deepspeed_object_survives_json_and_is_pickled_back_to_the_same_b
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     torch.save(obj, tmp_path / "a" / "optimizer_state.pt")
     plain = json.loads(json.dumps(to_plain(load_pt(tmp_path / "a" / "optimizer_state.pt"))))
-    assert "$ref" in plain["param_groups"][1]["betas"]  # one tuple, shared, as in the pickle
+    assert "@ref" in plain["param_groups"][1]["betas"]  # one tuple, shared, as in the pickle
     save_pt(from_plain(plain), tmp_path / "b" / "optimizer_state.pt")
     assert (tmp_path / "a" / "optimizer_state.pt").read_bytes() == (tmp_path / "b" / "optimizer_state.pt").read_bytes()
     back = torch.load(tmp_path / "b" / "optimizer_state.pt", weights_only=False)  # DeepSpeed itself reads it
@@ -37,7 +37,7 @@ def test_a_real_deepspeed_object_survives_json_and_is_pickled_back_to_the_same_b
 
 
 @pytest.mark.parametrize("value", [
-    {"a": (1, (2.5, "x")), "b": [None, True], "$odd": 1},
+    {"a": (1, (2.5, "x")), "b": [None, True], "@odd": 1, "$dollar": 2},
     {1: "int key", (2, 3): "tuple key"},
     collections.OrderedDict(x=torch.Size([3, 4]), y=float("nan")),
     argparse.Namespace(num_layers=2, tokenizer="gpt2", lr=None),
@@ -51,17 +51,17 @@ def test_plain_round_trip(value):
 
 
 def test_a_foreign_object_is_a_record_not_a_class():
-    rec = from_plain({"$foreign": {"class": "deepspeed.X", "new": True, "args": [], "kwargs": {}, "state": {"a": 1}}})
+    rec = from_plain({"@foreign": {"class": "deepspeed.X", "new": True, "args": [], "kwargs": {}, "state": {"a": 1}}})
     assert rec == rec and isinstance(rec, ForeignObject) and rec.origin == "deepspeed.X" and rec.state == {"a": 1}
 
 
 def test_what_is_not_data_is_named():
     with pytest.raises(FormatError, match="builtins.object at x/0 is not plain data"):
         to_plain({"x": [object()]})
-    with pytest.raises(FormatError, match="unknown tag '\\$nope'"):
-        from_plain({"$nope": 1})
+    with pytest.raises(FormatError, match="unknown tag '@nope'"):
+        from_plain({"@nope": 1})
     with pytest.raises(FormatError, match="bad reference"):
-        from_plain([{"$ref": 0}])
+        from_plain([{"@ref": 0}])
 
 
 def test_the_streaming_writer_makes_files_torch_loads_even_weights_only(tmp_path):

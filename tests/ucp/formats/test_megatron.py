@@ -61,7 +61,7 @@ def test_state_has_the_iteration_groups_args_and_rng():
     assert [(g["weight_decay"], g["wd_mult"]) for g in state.param_groups] == [(0.1, 1.0), (0.0, 0.0)]
     assert "decoder.layers.3.self_attention.linear_q.weight" in state.param_groups[0]["params"]
     assert "decoder.final_layernorm.weight" in state.param_groups[1]["params"]
-    args = state.extra["megatron"]["args"]["$namespace"]
+    args = state.extra["megatron"]["args"]["@namespace"]
     assert (args["num_layers"], args["tensor_model_parallel_size"], args["pipeline_model_parallel_size"]) == (4, 2, 2)
     assert state.extra["program"].startswith("megatron-gpt:num_layers=4,heads=4,kv_heads=2,vocab_size=50")
     assert set(state.rng) == {"tp0_pp0", "tp1_pp0", "tp0_pp1", "tp1_pp1"}
