@@ -33,7 +33,7 @@ from ucp.formats.deepspeed_flat import read_dense
 from ucp.formats.deepspeed_optim import zero_stage_of
 from ucp.formats.deepspeed_pt import load_pt, load_pt_mapped
 from ucp.formats.deepspeed_universal_writer import DeepSpeedUniversalWriter
-from ucp.formats.deepspeed_zero import MODEL3_RE, MODEL_RE, json_value, plain_state
+from ucp.formats.deepspeed_zero import MODEL3_RE, MODEL_RE, json_value, plain_state, zero3_frozen_reader
 
 __all__ = ["DeepSpeedUniversalReader", "resolve_universal_dir"]
 
@@ -114,6 +114,11 @@ class DeepSpeedUniversalReader:
             tensor = tensor.view(shape)
         return tensor
 
+    def _rank_states(self) -> tuple[dict[int, dict], dict[int, str]]:
+        ranks = {int(MODEL3_RE.match(n)[1]): n for n in self.model_states if MODEL3_RE.match(n)}
+        return {r: self.model_states[n] for r, n in ranks.items()}, {
+            r: os.path.join(self.step_dir, n) for r, n in ranks.items()}
+
     def _trained(self, param: str) -> bool:
         """DeepSpeed's tool writes only ``{"param": t}`` for an untrained tensor (buffer, frozen, tied alias)."""
         fp32 = self._file(param, "fp32")
@@ -129,6 +134,7 @@ class DeepSpeedUniversalReader:
         module_names: set[str] = set()
         for ms in self.model_states.values():
             shared = dict(ms.get("shared_params") or {})
+            frozen = set((ms.get("frozen_param_shapes") or {}).keys())
             for name, tensor in (ms.get("module") or {}).items():
                 if name in module_names:
                     continue
@@ -138,6 +144,10 @@ class DeepSpeedUniversalReader:
                     yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor: read_dense(t, r))
                     continue
                 owner = shared.get(name, name)
+                if not os.path.isfile(os.path.join(self.zero_dir, owner, "fp32.pt")) and owner in frozen:
+                    # ZeRO-3: a frozen parameter lives only in the ranks' model-states files
+                    yield TensorInfo(name, dtype, self.shapes[owner], zero3_frozen_reader(owner, *self._rank_states()))
+                    continue
                 yield TensorInfo(name, dtype, self.shapes[owner],
                                  lambda r, o=owner, d=tensor.dtype: self._read(o, "fp32", r).to(d))
         for param in self.params:

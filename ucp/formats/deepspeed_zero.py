@@ -30,6 +30,7 @@ the ``deepspeed-universal`` writer uses to write what DeepSpeed's own
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Callable, Iterator
@@ -44,7 +45,8 @@ from ucp.formats.deepspeed_plain import to_plain
 from ucp.formats.deepspeed_pt import load_pt_mapped
 from ucp.geometry import FlatRange, Region
 
-__all__ = ["DeepSpeedZeroReader", "resolve_step_dir", "checkpoint_files", "plain_state", "json_value"]
+__all__ = ["DeepSpeedZeroReader", "resolve_step_dir", "checkpoint_files", "plain_state", "json_value",
+           "zero3_frozen_reader"]
 
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 MODEL3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -108,6 +110,28 @@ def _scalar_or_fail(where: str) -> Callable[[torch.Tensor, str], Any]:
             return {"scalar": t.item(), "dtype": str(t.dtype).removeprefix("torch.")}
         raise FormatError(f"{where}: unexpected tensor at {path} in DeepSpeed's non-tensor state")
     return ref
+
+
+def zero3_frozen_reader(name: str, states: dict[int, dict], files: dict[int, str]) -> Callable[[Region | None], torch.Tensor]:
+    """Reads frozen parameter ``name`` of a ZeRO-3 checkpoint from every rank's ``frozen_param_fragments``
+    (``states``: data-parallel rank -> its model-states dict; ``files`` names them in errors)."""
+    first = states[min(states)]
+    shape = tuple(int(s) for s in first["frozen_param_shapes"][name])
+    numel = math.prod(shape)
+    per_rank = -(-numel // len(states))
+
+    def fetch(rank: int, count: int) -> Callable[[], torch.Tensor]:
+        def get() -> torch.Tensor:
+            frag = (states[rank].get("frozen_param_fragments") or {}).get(name)
+            if not isinstance(frag, torch.Tensor) or frag.numel() < count:
+                raise FormatError(f"{files[rank]}: the frozen fragment of {name} is missing or short")
+            return frag.reshape(-1)[:count]
+        return get
+
+    runs = [(FlatRange(r * per_rank, min((r + 1) * per_rank, numel)), fetch(r, min(per_rank, numel - r * per_rank)))
+            for r in sorted(states) if r * per_rank < numel]
+    dtype = first["module"][name].dtype
+    return lambda region: read_region(shape, dtype, runs, region)
 
 
 class DeepSpeedZeroReader:
@@ -204,25 +228,8 @@ class DeepSpeedZeroReader:
         return lambda region: unit.read(name, FP32, region).to(dtype)
 
     def _zero3_frozen(self, name: str) -> Callable[[Region | None], torch.Tensor]:
-        rank_files = {dp: f for (dp, mp), f in self.files["model3"].items() if mp == 0}
-        shape = tuple(int(s) for s in self.main_states["frozen_param_shapes"][name])
-        numel = 1
-        for s in shape:
-            numel *= s
-        per_rank = -(-numel // len(rank_files))
-
-        def fetch(rank: int, count: int) -> Callable[[], torch.Tensor]:
-            def get() -> torch.Tensor:
-                frag = (self.model_states[rank_files[rank]].get("frozen_param_fragments") or {}).get(name)
-                if not isinstance(frag, torch.Tensor) or frag.numel() < count:
-                    raise FormatError(f"{rank_files[rank]}: frozen fragment of {name} is missing or short")
-                return frag.reshape(-1)[:count]
-            return get
-
-        runs = [(FlatRange(r * per_rank, min((r + 1) * per_rank, numel)), fetch(r, min(per_rank, numel - r * per_rank)))
-                for r in sorted(rank_files) if r * per_rank < numel]
-        dtype = self.main_states["module"][name].dtype
-        return lambda region: read_region(shape, dtype, runs, region)
+        ranks = {dp: f for (dp, mp), f in self.files["model3"].items() if mp == 0}
+        return zero3_frozen_reader(name, {r: self.model_states[f] for r, f in ranks.items()}, ranks)
 
     def _optimizer_tensors(self) -> Iterator[TensorInfo]:
         seen: set[str] = set()
