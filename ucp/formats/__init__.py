@@ -25,4 +25,8 @@ from ucp.formats.base import (  # noqa: F401
 import ucp.formats.ucp_format  # noqa: F401,E402  (manifest.json)
 import ucp.formats.dcp  # noqa: F401,E402  (.metadata)
 import ucp.formats.safetensors_format  # noqa: F401,E402  (*.safetensors, model.safetensors.index.json)
+from ucp.formats import deepspeed_zero  # noqa: E402,F401  (registers deepspeed-zero)
+from ucp.formats import deepspeed_pipeline  # noqa: E402,F401  (registers deepspeed-pipeline)
+from ucp.formats import deepspeed_universal  # noqa: E402,F401  (registers deepspeed-universal)
+from ucp.formats import megatron  # noqa: E402,F401  (registers megatron)
 import ucp.formats.torch_file  # noqa: F401,E402  (one torch.save file: last, it matches any .pt)
