@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import ucp.conversion as conversion
 import ucp.formats.base as base
 from ucp.conversion import ConversionError
 from ucp.formats import Format, TrainingState, get_format, register_format
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _odd_tensors() -> dict[str, torch.Tensor]:
@@ -130,3 +133,22 @@ def test_state_travels_through_every_format(tmp_path):
 
 def test_doctests():
     assert doctest.testmod(conversion).failed == 0
+
+
+def test_empty_containers_in_the_state_survive_dcp(tmp_path):
+    # DCP's flattening drops empty dicts; the writer keeps them (found converting DeepSpeed folders,
+    # whose foreign-object records carry empty kwargs).
+    torch.save({"w": torch.ones(2), "cfg": {"kwargs": {}, "names": [], "n": 1}}, tmp_path / "m.pt")
+    ucp.convert(tmp_path / "m.pt", tmp_path / "d", dst_format="dcp")
+    assert ucp.diff(tmp_path / "m.pt", tmp_path / "d").equal
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(p.name for p in (REPO / "tests" / "fixtures" / "deepspeed").iterdir() if p.is_dir()))
+def test_deepspeed_checkpoints_convert_to_every_format_and_back_equal(tmp_path, case):
+    src = REPO / "tests" / "fixtures" / "deepspeed" / case  # written by real DeepSpeed (see its README)
+    for fmt in ("ucp", "dcp", "safetensors", "torch"):
+        out = tmp_path / f"{fmt}{'.pt' if fmt == 'torch' else ''}"
+        ucp.convert(src, out, dst_format=fmt)
+        report = ucp.diff(src, out)
+        assert report.equal, (fmt, report.differences[:3])

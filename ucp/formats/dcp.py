@@ -266,18 +266,21 @@ def detect(path: str) -> bool:
 
 
 def _flatten(tree: dict, is_tensor) -> dict[str, tuple[tuple, Any]]:
-    """DCP's flattening: ``fqn -> (path, leaf)``; lists are walked only when they hold tensors or dicts."""
+    """DCP's flattening: ``fqn -> (path, leaf)``; lists are walked only when they hold tensors or dicts.
+
+    Unlike DCP's own, an empty dict is kept as a value: dropping it would lose it on the way back.
+    """
     out: dict[str, tuple[tuple, Any]] = {}
 
     def terminal(value: Any) -> bool:
         if isinstance(value, dict):
-            return False
+            return not value
         if not isinstance(value, list):
             return True
         return all(not (isinstance(e, (dict, list)) and not terminal(e)) and not is_tensor(e) for e in value)
 
     def walk(path: tuple, value: Any) -> None:
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:  # an empty dict is a value of its own (DCP would drop it)
             for k, v in value.items():
                 walk(path + (str(k),), v)
         elif terminal(value):
