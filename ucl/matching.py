@@ -33,7 +33,7 @@ def switched_off(rule, ctx: Context) -> bool:
             continue  # reads a capture: decided per key, not here
     for _, limit, inclusive in rule.bounds:  # `where e < experts_here` with no experts: nothing to match
         try:
-            if int(limit.eval(env, ctx.functions())) + (1 if inclusive else 0) <= 0:
+            if limit.eval_int(env, ctx.functions()) + (1 if inclusive else 0) <= 0:
                 return True
         except UclError:
             continue
@@ -61,9 +61,28 @@ def member_order(rule: FlatRule, members: dict, params: dict) -> list[str]:
     return chosen
 
 
+# Capture values one rule may enumerate in one compile: real models stay far below (a rank of a
+# 128-layer model with 256 experts holds 32768 expert tensors); a bound like `where i < 10**12`
+# is refused before the walk, not walked.
+MAX_ASSIGNMENTS = 1 << 18
+
+
 def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: int):
-    """Every assignment of the rule's int and list captures (text captures fixed), with the omit set."""
+    """Every assignment of the rule's int and list captures (text captures fixed), with the omit set.
+
+    Raises UclError after :data:`MAX_ASSIGNMENTS` values, naming the rule.
+    """
     names = [c for c in caps if c.name not in fixed]
+    budget = [MAX_ASSIGNMENTS]
+
+    def spend(cap, count: int) -> None:
+        budget[0] -= count
+        if budget[0] < 0:
+            raise UclError(
+                f"{ctx.program.where(rule.line)}: rule {rule.local.text!r} would try more than {MAX_ASSIGNMENTS} "
+                f"values of its captures (at {{{cap.name}}}) on rank {ctx.rank} of {ctx.layout}; bound them by the "
+                "model's sizes with 'where NAME < EXPR' (and check the parameters, e.g. num_layers)"
+            )
 
     def walk(i: int, values: dict, omit: frozenset):
         if i == len(names):
@@ -76,14 +95,15 @@ def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: 
             if cap.name in bounds:
                 expr, inclusive = bounds[cap.name]
                 try:
-                    limit = int(expr.eval(ctx.env(values), ctx.functions())) + (1 if inclusive else 0)
+                    limit = expr.eval_int(ctx.env(values), ctx.functions()) + (1 if inclusive else 0)
                 except UclError:
                     limit = fallback
             else:
                 limit = fallback
-            options = list(range(max(limit, 0)))
+            options = range(max(limit, 0))
             if cap.kind == "optint" and cap.name in bounds and limit == 1:
                 omit = omit | {cap.name}
+        spend(cap, len(options))
         for option in options:
             values[cap.name] = option
             yield from walk(i + 1, values, omit)

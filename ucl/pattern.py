@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 from ucl.errors import UclSyntaxError
 from ucl.expr import Expr, parse_expr
 
+MAX_DIGITS = 18  # an integer capture reads at most this many digits (int64 range)
 _CAPTURE = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:(?P<opt>\?)|(?P<star>\*)|:(?P<list>[A-Za-z_]\w*))?$")
 
 
@@ -77,6 +78,8 @@ class Pattern:
         for cap in self.captures:
             raw = m.group(cap.name)
             if cap.kind in ("int", "optint"):
+                if len(raw) > MAX_DIGITS:
+                    return None  # no index of a real model has 19 digits; int() of thousands would be slow
                 value: object = int(raw) if raw else 0
             elif cap.kind == "list":
                 if raw not in list(params.get(cap.list_param, ()) or ()):

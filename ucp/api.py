@@ -20,6 +20,7 @@ from ucp.dtypes import allocate, check_supported, dtype_name
 from ucp.errors import KeyMismatchError, ShapeMismatchError, UcpError
 from ucp.geometry import Box, FlatRange, Region
 from ucp.layout import Layout
+from ucp.programs import compile_for_load, compile_for_save
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.state import FlatState, flatten_state, set_path, tensor_refs, unflatten_state
@@ -36,7 +37,7 @@ def save(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     checksums: bool = True,
     overwrite: bool = False,
@@ -48,7 +49,9 @@ def save(
 
     Each rank saves only its own tensors: with ``spec`` (a FragmentMap, or a
     callable ``spec({key: (shape, dtype)}) -> FragmentMap``), with
-    ``program`` + ``layout`` (a UCL program), from DTensor placements, or - for
+    ``program`` + ``layout`` (a UCL program: text, a ``.ucl`` path, a preset
+    reference or a ``ucl.BoundProgram``; the manifest records its full text and
+    parameters), from DTensor placements, or - for
     plain tensors under a process group - as replicas of the whole group.
     ``logical`` (name -> LogicalTensor) tells a UCL program the whole shapes it
     cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
@@ -82,7 +85,7 @@ def open_writer(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     allow_objects: bool = False,
     logical: dict[str, LogicalTensor] | None = None,
@@ -129,19 +132,18 @@ def open_writer(
     world_size = 1 if world_size is None else world_size
     local = {k: (tuple(_local(t).shape), dtype_name(t.dtype)) for k, t in flat.tensors.items()}
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    program_text = None
-    if program is not None and spec is None:
-        if lay is None:
-            raise ValueError("program needs a layout (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
-        from ucl.bind import spec_for_save
+    record = None
+    if program is not None:
+        if spec is not None:
+            from ucl.errors import UclError
 
-        program_text = _program_text(program)
-        spec = spec_for_save(program, lay, rank, local, shapes=logical)
+            raise UclError("pass spec= or program= to save, not both: a spec is a compiled program for one rank")
+        spec, record = compile_for_save(program, layout=lay, rank=rank, local=local, logical=logical)
     elif spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(local)
     writer = CheckpointWriter(
         os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
-        layout=lay, program=program_text, **writer_options,
+        layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
 
@@ -151,7 +153,7 @@ def load(
     into: Any = None,
     *,
     spec: SpecLike = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     rank: int | None = None,
     map_location: str | torch.device = "cpu",
@@ -164,9 +166,10 @@ def load(
 
     Without a spec, logical tensors are assembled whole at the keys they were
     saved under. With one (a FragmentMap, a callable
-    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``program`` + ``layout``
-    + ``rank``), exactly that rank's local tensors are returned, reading only
-    the bytes that overlap them. ``into`` fills existing tensors with
+    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``layout`` + ``rank``
+    with the UCL program the checkpoint was saved with, or with ``program``,
+    which must agree with it on the model's parameters), exactly that rank's
+    local tensors are returned, reading only the bytes that overlap them. ``into`` fills existing tensors with
     ``copy_`` (no second copy) and the returned state shares them.
 
     >>> import torch, ucp, tempfile, os
@@ -178,13 +181,9 @@ def load(
     reader = CheckpointReader(os.fspath(path), verify=verify, storage_options=storage_options)
     manifest = reader.manifest
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    if program is not None and spec is None:
-        if lay is None or rank is None:
-            raise ValueError("program needs layout and rank to say which shard to load")
-        from ucl.bind import spec_for_load
-
-        spec = spec_for_load(program, lay, rank, reader.logical())
-    elif spec is not None and not isinstance(spec, FragmentMap):
+    spec = compile_for_load(reader.path, manifest.program, manifest.layout, reader.logical(), spec=spec,
+                            program=program, layout=lay, rank=rank)
+    if spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(reader.logical())
     if rank is None and spec is not None:
         rank = spec.rank
@@ -258,7 +257,7 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
             # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
-            known = getattr(spec, "local", {}).get(key)
+            known = spec.local.get(key)
             if not pieces and known is None:
                 continue
             tspec = TensorSpec(key, pieces, tspec.replica, tspec.replicas, tspec.policy)
@@ -389,9 +388,3 @@ def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], stri
             specs[key] = TensorSpec(key, (ShardPiece(key, box, box),))
     return FragmentMap(rank=rank, logical=logical, tensors=specs)
 
-
-def _program_text(program: str) -> str:
-    if "\n" not in program and os.path.isfile(program):
-        with open(program, encoding="utf-8") as fh:
-            return fh.read()
-    return program

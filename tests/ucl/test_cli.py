@@ -70,7 +70,8 @@ def test_presets_with_parameters_check_on_a_preset(tmp_path, capsys, models):
     tensors = models.megatron(layers=2, hidden=8, heads=4, kv_heads=2, vocab=50, ffn=8, states=("exp_avg",))
     shapes.write_text(json.dumps({n: list(t.shape) for n, t in tensors.items()}))
     argv = ["ucl", "check", "megatron-gpt", "--layout", "tp=2,pp=2,dp=2", "--shapes", str(shapes),
-            "--param", "num_layers=2", "--param", "heads=4,kv_heads=2", "--param", "vocab_size=50",
+            "--param", "num_layers=2,hidden_size=8,ffn_hidden_size=8", "--param", "heads=4,kv_heads=2",
+            "--param", "vocab_size=50",
             "--param", "vocab_multiple=4", "--param", "states=exp_avg"]  # a one-item list parameter
     assert main(argv) == 0
     wrong = [a if a != "vocab_size=50" else "vocab_size=49" for a in argv]  # the true size disagrees
@@ -82,7 +83,7 @@ def test_presets_with_parameters_check_on_a_preset(tmp_path, capsys, models):
     assert main(refused) == 1
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert (finding["kind"], finding["message"]) == ("layout", (
-        "megatron-gpt.ucl:28: Megatron requires num_query_groups (2) to be divisible by the tensor parallel size (4): "
+        "megatron-gpt.ucl:36: Megatron requires num_query_groups (2) to be divisible by the tensor parallel size (4): "
         "each tp rank holds whole key/value groups, none is replicated across tp ranks"))
 
 

@@ -72,7 +72,7 @@ ERRORS = [
      "m.ucl:2:16: expected a call of one of min, max, ceil_div, stage_start, stage_layers, len\n"
      "    tensor a -> b.{open(i)}\n                   ^"),
     ("ucl 1\nsplit dim 0 over tp\n",
-     "m.ucl:2:1: expected a statement (ucl, param, let, require, tensor, flat, also, view), found 'split'\n"
+     "m.ucl:2:1: expected a statement (ucl, param, setting, let, require, tensor, flat, also, view), found 'split'\n"
      "    split dim 0 over tp\n    ^"),
     ("ucl 1\ntensor a\n",
      "m.ucl:2:9: expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)\n    tensor a\n            ^"),
@@ -141,10 +141,10 @@ def test_unknown_names_are_syntax_errors_at_the_expression():
     with pytest.raises(UclSyntaxError) as info:
         parse("ucl 1\ntensor layers.{i}.w -> layers.{i + pp.rnak}.w\n", filename="m.ucl")
     assert str(info.value) == (
-        "m.ucl:2:32: unknown name 'pp.rnak' in 'i + pp.rnak': expected a parameter, a let, a capture of this rule "
+        "m.ucl:2:36: unknown name 'pp.rnak' in 'i + pp.rnak': expected a parameter, a let, a capture of this rule "
         "or a layout variable (tp.rank, pp.size, zero.stage, ...)\n"
         "    tensor layers.{i}.w -> layers.{i + pp.rnak}.w\n"
-        "                                   ^")
+        "                                       ^")
 
 
 def test_require_names_are_checked_in_the_condition_and_in_message_holes():
