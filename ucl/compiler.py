@@ -253,12 +253,10 @@ def _load_instances(ctx: Context, rules: list, logical: dict, claimed: set) -> l
         for text_values in text_options:
             for values, omit in enumerate_captures(rule, ctx, caps, bounds, dict(text_values), fallback):
                 env = ctx.env(values)
-                try:
-                    if not where_ok(rule, ctx, env):
-                        continue
-                    names = [t.format(env, ctx.functions()) for t in rule.targets]
-                except UclError:
+                # errors propagate: a parameter without a value must not silently load fewer tensors
+                if not where_ok(rule, ctx, env):
                     continue
+                names = [t.format(env, ctx.functions()) for t in rule.targets]
                 if not names or any(n not in logical for n in names):
                     continue
                 key = rule.local.format(values, {}, omit=omit)

@@ -9,7 +9,7 @@ import fnmatch
 import re
 
 from ucl.env import Context
-from ucl.errors import UclError
+from ucl.errors import UclError, UnboundNameError
 from ucl.program import FlatRule
 
 
@@ -29,13 +29,13 @@ def switched_off(rule, ctx: Context) -> bool:
         try:
             if not cond.eval(env, ctx.functions()):
                 return True
-        except UclError:
+        except UnboundNameError:
             continue  # reads a capture: decided per key, not here
     for _, limit, inclusive in rule.bounds:  # `where e < experts_here` with no experts: nothing to match
         try:
             if limit.eval_int(env, ctx.functions()) + (1 if inclusive else 0) <= 0:
                 return True
-        except UclError:
+        except UnboundNameError:
             continue
     return False
 
@@ -96,7 +96,7 @@ def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: 
                 expr, inclusive = bounds[cap.name]
                 try:
                     limit = expr.eval_int(ctx.env(values), ctx.functions()) + (1 if inclusive else 0)
-                except UclError:
+                except UnboundNameError:  # reads a capture bound later: try the fallback range
                     limit = fallback
             else:
                 limit = fallback
