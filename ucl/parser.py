@@ -224,6 +224,7 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
             ln.end("ucl 1")
             seen_version = True
         elif kw in ("param", "setting"):
+            ln.skip()
             name_col = ln.pos
             name = ln.word("a parameter name")
             if name in params:
@@ -246,6 +247,7 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
             else:
                 params[name] = ln.expr()
         elif kw == "let":
+            ln.skip()
             name_col = ln.pos
             name = ln.word("a name")
             if name in lets:
