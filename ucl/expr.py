@@ -33,6 +33,9 @@ from typing import Callable, Mapping
 from ucl.errors import UclError, UclSyntaxError, UnboundNameError
 
 MAX_INT = 2**63 - 1  # int64: the range of tensor sizes and offsets
+# Index arithmetic is short: these bounds keep parsing and evaluating (both recursive) cheap and safe.
+MAX_EXPR_CHARS = 4096
+MAX_EXPR_DEPTH = 64
 
 _BINOPS: dict[type, tuple[str, Callable[[int, int], int]]] = {
     ast.Add: ("+", lambda a, b: a + b),
@@ -139,6 +142,17 @@ class _Names(Mapping):
         return len(self._env)
 
 
+def _depth(node: ast.AST) -> int:
+    """Nesting depth of an expression tree, without recursing (a long chain of ``+`` is deep)."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_EXPR_DEPTH:
+            todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -185,12 +199,21 @@ def parse_expr(text: str, *, where: tuple) -> Expr:
     if not stripped:
         raise UclSyntaxError("expected an expression, found the end of the line",
                              filename=filename, line=line, column=column + len(text), source_line=source)
+    if len(stripped) > MAX_EXPR_CHARS:
+        raise UclSyntaxError(f"expected an expression of at most {MAX_EXPR_CHARS} characters, found "
+                             f"{len(stripped)}", filename=filename, line=line, column=column + lead, source_line=source)
     try:
         tree = ast.parse(stripped, mode="eval")
     except SyntaxError as err:
         col = column + lead + max((err.offset or 1) - 1, 0)
-        raise UclSyntaxError(f"expected an expression, found {stripped!r}",
+        raise UclSyntaxError(f"expected an expression, found {_brief(stripped)}",
                              filename=filename, line=line, column=col, source_line=source) from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on deep nesting
+        raise UclSyntaxError("expected an expression, found one nested too deeply", filename=filename, line=line,
+                             column=column + lead, source_line=source) from None
+    if _depth(tree.body) > MAX_EXPR_DEPTH:
+        raise UclSyntaxError(f"expected an expression nested at most {MAX_EXPR_DEPTH} deep", filename=filename,
+                             line=line, column=column + lead, source_line=source)
     names: set[str] = set()
 
     def bad(node: ast.AST, why: str) -> UclSyntaxError:

@@ -28,6 +28,7 @@ def check_names(rules: list, params: dict, lets: dict, requires: list, views: li
     """Raise UclSyntaxError at the first expression that reads a name without a value there."""
     _check_param_names(params)
     _check_let_names(rules, params, lets)
+    _check_let_depth(lets)
     _check_rule_names(rules, params, lets, lines, filename)
     _check_require_names(requires, params, lets)
     _check_view_names(views, params, lets)
@@ -60,6 +61,37 @@ def _check_let_names(rules: list, params: dict, lets: dict) -> None:
         _unknown(expr, set(params) | set(lets) | LAYOUT_NAMES | captures,
                  "unknown name {name!r} in {text!r}: expected a parameter, a let, a layout variable (tp.rank, "
                  "pp.size, zero.stage, ...) or a capture of the rules that use this let")
+
+
+MAX_LET_DEPTH = 32  # lets are evaluated recursively: a chain this long is already unreadable
+
+
+def _check_let_depth(lets: dict) -> None:
+    """No let refers to itself (through others), and no chain of lets is longer than MAX_LET_DEPTH."""
+    depth: dict[str, int] = {}
+    for start in lets:
+        stack, path = [(start, iter(sorted(lets[start].names & set(lets))))], [start]
+        while stack:
+            name, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                depth[name] = 1 + max((depth[c] for c in lets[name].names & set(lets)), default=0)
+                if depth[name] > MAX_LET_DEPTH:
+                    _let_error(lets[name], f"let {name!r} is the end of a chain of more than {MAX_LET_DEPTH} lets")
+                continue
+            if child in path:
+                cycle = " -> ".join(path[path.index(child):] + [child])
+                _let_error(lets[child], f"let {child!r} refers to itself ({cycle})")
+            if child not in depth:
+                stack.append((child, iter(sorted(lets[child].names & set(lets)))))
+                path.append(child)
+
+
+def _let_error(expr: Expr, message: str) -> None:
+    filename, line, column, source = expr.where
+    raise UclSyntaxError(message, filename=filename, line=line, column=column, source_line=source)
 
 
 def let_closure(names: frozenset, lets: dict) -> set:

@@ -22,6 +22,7 @@ from ucl.program import GROUPS, FlatRule, Fuse, Pad, Part, Program, Require, Spl
 from ucp.spec import REPLICA_POLICIES
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
+MAX_RULES = 10000  # rules after `also` expansion; the presets have a few dozen
 STATEMENTS = ("ucl", "param", "setting", "let", "require", "tensor", "flat", "also", "view")
 TENSOR_CLAUSES = ("split", "pad", "size", "shape", "fuse", "part", "where", "replicate", "virtual")
 FLAT_CLAUSES = ("members", "order", "partition", "align", "where", "replicate")
@@ -411,6 +412,11 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
 
 def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
     """``also`` makes, for every tensor rule, a rule for each optimizer state with the same geometry."""
+    tensors = sum(isinstance(r, TensorRule) for r in rules)
+    if len(rules) + tensors * len(alsos) > MAX_RULES:
+        number, *_, ln = alsos[-1]
+        raise ln.error(f"the program expands to {len(rules) + tensors * len(alsos)} rules ({tensors} tensor rules x "
+                       f"{len(alsos)} 'also' lines), more than the {MAX_RULES} a program may have", 0)
     out = list(rules)
     for number, local_t, logical_t, scalar, where, ln in alsos:
         for rule in rules:

@@ -113,3 +113,26 @@ def test_stage_layers_list_is_checked():
         "l.0.w", "l.1.w", "l.2.w"]
     with pytest.raises(UclError, match=r"stage_layers_list must hold layer counts >= 0, got \[1, 'x'\]"):
         ucl.spec_for_load(prog, "pp=2", 1, logical, params={"stage_layers_list": [1, "x"]})
+
+
+PATHOLOGICAL = [
+    # (source, first line of the error): each was a raw RecursionError/MemoryError, or a minute of work
+    ("ucl 1\nparam x = " + "+".join(["1"] * 3000) + "\n",
+     "m.ucl:2:11: expected an expression of at most 4096 characters, found 5999"),
+    ("ucl 1\nparam x = " + "-" * 100 + "1\n", "m.ucl:2:11: expected an expression nested at most 64 deep"),
+    ("ucl 1\n" + "".join(f"let l{i} = l{i - 1}\n" if i else "let l0 = 1\n" for i in range(40)),
+     "m.ucl:34:11: let 'l32' is the end of a chain of more than 32 lets"),
+    ("ucl 1\nlet a = b + 1\nlet b = c\nlet c = a\n", "m.ucl:2:9: let 'a' refers to itself (a -> b -> c -> a)"),
+    ("ucl 1\n" + "tensor a{i} -> b.{i}\n" * 200 + "also o/{key} -> {name}/s\n" * 60,
+     "m.ucl:261:1: the program expands to 12200 rules (200 tensor rules x 60 'also' lines), more than the 10000 a "
+     "program may have"),
+]
+
+
+@pytest.mark.parametrize("source, message", PATHOLOGICAL, ids=["long", "deep", "let chain", "let cycle", "alsos"])
+def test_pathological_programs_are_syntax_errors_at_once(source, message):
+    start = time.perf_counter()
+    with pytest.raises(UclSyntaxError) as info:
+        parse(source, filename="m.ucl")
+    assert str(info.value).splitlines()[0] == message
+    assert time.perf_counter() - start < 5

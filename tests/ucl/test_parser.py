@@ -191,14 +191,6 @@ NAME_ERRORS = [
     ("ucl 1\nlet x = 1\nlet x = 2\n", "m.ucl:3:5: let 'x' is defined twice"),
 ]
 
-
-@pytest.mark.parametrize("source, message", NAME_ERRORS, ids=[m.split(": ", 1)[1][:40] for _, m in NAME_ERRORS])
-def test_names_are_checked_at_parse_time_everywhere(source, message):
-    with pytest.raises(UclSyntaxError) as info:
-        parse(source, filename="m.ucl")
-    assert str(info.value).splitlines()[0] == message
-
-
 SHAPE_ERRORS = [
     ("ucl 1\ntensor a -> b\n  shape 4, 4\n",
      "m.ucl:3:9: expected '[' after 'shape' (a shape such as [hidden, heads * head_dim])"),
@@ -210,8 +202,9 @@ SHAPE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("source, message", SHAPE_ERRORS, ids=[m.split(": ", 1)[1][:40] for _, m in SHAPE_ERRORS])
-def test_shape_declarations_have_precise_errors(source, message):
+@pytest.mark.parametrize("source, message", NAME_ERRORS + SHAPE_ERRORS,
+                         ids=[m.split(": ", 1)[1][:40] for _, m in NAME_ERRORS + SHAPE_ERRORS])
+def test_names_and_shapes_are_checked_at_parse_time_everywhere(source, message):
     with pytest.raises(UclSyntaxError) as info:
         parse(source, filename="m.ucl")
     assert str(info.value).splitlines()[0] == message
