@@ -2,6 +2,7 @@
 
     ucp ucl check PROGRAM --layout tp=2,pp=2,dp=2 [--param k=v] [--json]
         [--shapes FILE.json | --against CKPT | --model MODULE:FACTORY | --hf-config config.json]
+    ucp ucl check --against CKPT --layout tp=4,dp=3      # the program the checkpoint was saved with
     ucp ucl compile PROGRAM --layout tp=2 --rank 1 [--shapes FILE.json | --against CKPT] [--param k=v]
     ucp ucl presets
 
@@ -29,7 +30,9 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="ucl_command", metavar="ACTION")
 
     def common(p: argparse.ArgumentParser, *, models: bool) -> None:
-        p.add_argument("program", help="a .ucl file or a preset name (see `ucp ucl presets`)")
+        p.add_argument("program", nargs="?", default=None,
+                       help="a .ucl file or a preset name (see `ucp ucl presets`); with --against, default: the "
+                            "program the checkpoint was saved with")
         p.add_argument("--layout", required=True, help="target layout, e.g. tp=2,pp=2,dp=2")
         src = p.add_mutually_exclusive_group()
         src.add_argument("--shapes", metavar="FILE.json", help="logical tensor shapes as JSON")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(names) if args.json else "\n".join(names))
         return 0
     try:
-        program = load_program(args.program, **parse_params(",".join(args.param)))
+        program = _program(args, load_program, parse_params(",".join(args.param)))
         layout = Layout.parse(args.layout)
         model = _model(args)
         logical = None if model is not None else _logical(args, program, layout)
@@ -89,6 +92,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"ucp ucl check: error: {err}", file=sys.stderr)
         return 2
     return _print_report(report, as_json=args.json)
+
+
+def _program(args: argparse.Namespace, load_program, params: dict):
+    """The program named, or with --against the checkpoint's own; checked against (and completed by) its record."""
+    from ucl.errors import UclError
+    from ucl.sources import program_against
+
+    if args.against:
+        return program_against(args.program, args.against, params)
+    if args.program is None:
+        raise UclError("name the program to check (a .ucl file or a preset), or give --against CHECKPOINT")
+    return load_program(args.program, **params)
 
 
 def _model(args: argparse.Namespace):

@@ -51,6 +51,23 @@ def read_against(path: str) -> dict[str, LogicalTensor]:
     return CheckpointReader(os.fspath(path), verify=False).logical()
 
 
+def program_against(program, path: str, params: dict | None = None):
+    """The program to check a checkpoint with: ``program`` (None: the checkpoint's own) with ``params``.
+
+    It gets the checkpoint's values for the model parameters it leaves out; a model parameter given
+    another value than the checkpoint's is a ProgramMismatchError, as in ``ucp.load``.
+    """
+    from ucl.bind import load_program
+    from ucp.programs import merge_with_recorded
+    from ucp.reader import CheckpointReader
+
+    recorded = CheckpointReader(os.fspath(path), verify=False).manifest.program
+    if program is None and recorded is None:
+        raise UclError(f"checkpoint {path} records no UCL program: name the program to check it with")
+    given = load_program(recorded if program is None else program, **(params or {}))
+    return merge_with_recorded(path, given, recorded)
+
+
 def _read_json(path: str):
     try:
         info = os.stat(path)

@@ -106,7 +106,7 @@ def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: di
     if layout is None or rank is None:
         raise LayoutError("loading through a UCL program needs layout= (e.g. 'tp=2,dp=2') and rank= to say "
                           "which shard to load")
-    from ucl.bind import load_program, param_conflicts, spec_for_load, with_saved_params
+    from ucl.bind import load_program, spec_for_load
 
     if program is None:
         if recorded is None:
@@ -114,24 +114,30 @@ def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: di
                            "by itself: pass program= (the program it was saved with) or spec=")
         bound = load_program(recorded)
     else:
-        bound = load_program(program)
-        if recorded is not None:
-            saved = load_program(recorded)
-            _refuse_conflicts(path, param_conflicts(bound, saved))
-            bound = with_saved_params(bound, saved)
+        bound = merge_with_recorded(path, load_program(program), recorded)
     return spec_for_load(bound, layout, rank, logical)
 
 
-def _refuse_conflicts(path: str, conflicts: list) -> None:
-    if not conflicts:
-        return
+def merge_with_recorded(path: str, bound: Any, recorded: ProgramRecord | None) -> Any:
+    """``bound`` (a ``ucl.BoundProgram``) checked against the checkpoint's recorded program and completed by it.
+
+    Raises ProgramMismatchError naming every model parameter whose value differs; model parameters
+    ``bound`` leaves without a value take the saved ones.
+    """
+    if recorded is None:
+        return bound
+    from ucl.bind import load_program, param_conflicts, with_saved_params
     from ucl.errors import ProgramMismatchError
 
-    detail = "; ".join(f"{n}={_value(given)} given, {n}={_value(saved)} saved" for n, given, saved in conflicts)
+    saved = load_program(recorded)
+    conflicts = param_conflicts(bound, saved)
+    if not conflicts:
+        return with_saved_params(bound, saved)
+    detail = "; ".join(f"{n}={_value(given)} given, {n}={_value(was)} saved" for n, given, was in conflicts)
     raise ProgramMismatchError(
-        f"the program given to load disagrees with the one checkpoint {path} was saved with: {detail}. These "
-        "parameters describe the model, and another value maps its tensors wrongly; leave program= out to use "
-        "the checkpoint's own program, or give the saved values"
+        f"the program given disagrees with the one checkpoint {path} was saved with: {detail}. These parameters "
+        "describe the model, and another value maps its tensors wrongly; leave the program out to use the "
+        "checkpoint's own, or give the saved values"
     )
 
 

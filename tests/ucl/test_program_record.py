@@ -98,10 +98,10 @@ def test_a_given_program_must_agree_with_the_saved_one(tmp_path, models):
     with pytest.raises(ProgramMismatchError) as info:
         ucp.load(path, program=wrong, layout="tp=1", rank=0)
     assert str(info.value) == (
-        f"the program given to load disagrees with the one checkpoint {path} was saved with: heads=2 given, heads=4 "
-        "saved; kv_heads=2 given, kv_heads=4 saved; kv_channels=4 given, kv_channels=2 saved. These parameters "
-        "describe the model, and another value maps its tensors wrongly; leave program= out to use the checkpoint's "
-        "own program, or give the saved values")
+        f"the program given disagrees with the one checkpoint {path} was saved with: heads=2 given, heads=4 saved; "
+        "kv_heads=2 given, kv_heads=4 saved; kv_channels=4 given, kv_channels=2 saved. These parameters describe the "
+        "model, and another value maps its tensors wrongly; leave the program out to use the checkpoint's own, or "
+        "give the saved values")
     # a setting may differ (this run pads the vocabulary to 8), and what the program leaves out comes from the save
     mine = ucp.load(path, program="megatron-gpt:vocab_multiple=8,states=|", layout="tp=1", rank=0)
     qkv = mine["model"]["decoder.layers.0.self_attention.linear_qkv.weight"]
@@ -158,3 +158,20 @@ def test_a_damaged_program_field_is_a_manifest_error(tmp_path, value, message):
     with pytest.raises(ManifestError) as info:
         ucp.CheckpointReader(path)
     assert str(info.value).endswith(message)
+
+
+def test_the_checker_uses_and_checks_the_checkpoints_program(tmp_path, capsys):
+    from tools.cli import main
+
+    path = str(tmp_path / "ckpt")
+    _save_tp2(path, ucl.load_program(SPLIT, n=3))
+    assert main(["ucl", "check", "--layout", "tp=4,dp=3", "--against", path]) == 0  # no program named: its own
+    assert "<manifest>" not in capsys.readouterr().out
+    program = tmp_path / "m.ucl"
+    program.write_text(SPLIT)
+    assert main(["ucl", "check", str(program), "--layout", "tp=4", "--against", path, "--param", "n=2"]) == 2
+    assert "n=2 given, n=3 saved" in capsys.readouterr().err
+    plain = str(tmp_path / "plain")
+    ucp.save({"w": torch.ones(4, 2)}, plain)
+    assert main(["ucl", "check", "--layout", "tp=2", "--against", plain]) == 2
+    assert f"checkpoint {plain} records no UCL program: name the program to check it with" in capsys.readouterr().err
