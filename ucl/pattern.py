@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Mapping
 
 from ucl.errors import UclSyntaxError
@@ -57,6 +58,11 @@ class Pattern:
                 out.add(p.list_param)
         return frozenset(out)
 
+    @cached_property
+    def compiled(self) -> re.Pattern:
+        """:meth:`regex`, compiled once per pattern (re's own cache holds only 512 and programs may have more)."""
+        return self.regex()
+
     def regex(self) -> re.Pattern:
         out = []
         for p in self.parts:
@@ -71,7 +77,7 @@ class Pattern:
 
     def match(self, key: str, params: Mapping[str, object]) -> dict | None:
         """Captures of ``key`` (local patterns), or None when it does not match."""
-        m = self.regex().match(key)
+        m = self.compiled.match(key)
         if not m:
             return None
         values: dict[str, object] = {}
