@@ -134,11 +134,7 @@ def open_writer(
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
     record = None
     if program is not None:
-        if spec is not None:
-            from ucl.errors import UclError
-
-            raise UclError("pass spec= or program= to save, not both: a spec is a compiled program for one rank")
-        spec, record = compile_for_save(program, layout=lay, rank=rank, local=local, logical=logical)
+        spec, record = compile_for_save(program, spec=spec, layout=lay, rank=rank, local=local, logical=logical)
     elif spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(local)
     writer = CheckpointWriter(
@@ -169,8 +165,9 @@ def load(
     ``spec({name: LogicalTensor}) -> FragmentMap``, or ``layout`` + ``rank``
     with the UCL program the checkpoint was saved with, or with ``program``,
     which must agree with it on the model's parameters), exactly that rank's
-    local tensors are returned, reading only the bytes that overlap them. ``into`` fills existing tensors with
-    ``copy_`` (no second copy) and the returned state shares them.
+    local tensors are returned, reading only the bytes that overlap them.
+    ``into`` fills existing tensors with ``copy_`` (no second copy) and the
+    returned state shares them.
 
     >>> import torch, ucp, tempfile, os
     >>> d = os.path.join(tempfile.mkdtemp(), "c")

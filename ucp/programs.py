@@ -73,13 +73,17 @@ def _json_param(value: Any) -> bool:
     return isinstance(value, scalar) and not isinstance(value, bool)
 
 
-def compile_for_save(program: Any, *, layout: Layout | None, rank: int, local: dict,
+def compile_for_save(program: Any, *, spec: Any, layout: Layout | None, rank: int, local: dict,
                      logical: dict | None) -> tuple[FragmentMap, ProgramRecord]:
     """The fragment map of ``rank`` saving ``local`` (key -> (shape, dtype)) under ``program``, and its record.
 
     ``program`` is anything :func:`ucl.load_program` reads: UCL text, a ``.ucl`` path, a preset name
-    or reference, or a ``BoundProgram``.
+    or reference, or a ``BoundProgram``. A ``spec`` given too is refused (one of them would be ignored).
     """
+    if spec is not None:
+        from ucl.errors import UclError
+
+        raise UclError("pass spec= or program= to save, not both: a spec is a compiled program for one rank")
     if layout is None:
         raise LayoutError("program= needs layout= (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
     from ucl.bind import load_program, spec_for_save
