@@ -24,7 +24,7 @@ from ucl.compiler import BoundFragmentMap, compile_load, compile_save
 from ucl.env import param_value
 from ucl.errors import UclError
 from ucl.expr import Expr
-from ucl.parser import parse
+from ucl.parser import MAX_SOURCE_CHARS, parse
 from ucl.program import Program
 from ucp.layout import Layout
 from ucp.programs import ProgramRecord
@@ -32,7 +32,7 @@ from ucp.spec import FragmentMap, LocalTensor, LogicalTensor  # noqa: F401 - re-
 
 
 # A UCL program is a page of text; a larger "program" file is a mistake (or /dev/zero), not read.
-MAX_PROGRAM_BYTES = 1 << 20
+MAX_PROGRAM_BYTES = MAX_SOURCE_CHARS
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from ucp.spec import REPLICA_POLICIES
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 MAX_RULES = 10000  # rules after `also` expansion; the presets have a few dozen
+MAX_SOURCE_CHARS = 1 << 20
 STATEMENTS = ("ucl", "param", "setting", "let", "require", "tensor", "flat", "also", "view")
 TENSOR_CLAUSES = ("split", "pad", "size", "shape", "fuse", "part", "where", "replicate", "virtual")
 FLAT_CLAUSES = ("members", "order", "partition", "align", "where", "replicate")
@@ -170,6 +171,9 @@ def _strip_comment(text: str) -> str:
 
 def parse(source: str, *, filename: str = "<ucl>") -> Program:
     """Parse UCL source text into a :class:`Program` (see docs/UCL.md)."""
+    if len(source) > MAX_SOURCE_CHARS:  # from a file, a string or a manifest: a program is a page, not megabytes
+        raise UclSyntaxError(f"a program has at most {MAX_SOURCE_CHARS} characters, this one {len(source)}",
+                             filename=filename, line=1, column=1, source_line=source[:80])
     params: dict = {}
     lets: dict = {}
     rules: list = []

@@ -123,13 +123,15 @@ PATHOLOGICAL = [
     ("ucl 1\n" + "".join(f"let l{i} = l{i - 1}\n" if i else "let l0 = 1\n" for i in range(40)),
      "m.ucl:34:11: let 'l32' is the end of a chain of more than 32 lets"),
     ("ucl 1\nlet a = b + 1\nlet b = c\nlet c = a\n", "m.ucl:2:9: let 'a' refers to itself (a -> b -> c -> a)"),
+    ("ucl 1\n" + "#" * (1 << 20), "m.ucl:1:1: a program has at most 1048576 characters, this one 1048582"),
     ("ucl 1\n" + "tensor a{i} -> b.{i}\n" * 200 + "also o/{key} -> {name}/s\n" * 60,
      "m.ucl:261:1: the program expands to 12200 rules (200 tensor rules x 60 'also' lines), more than the 10000 a "
      "program may have"),
 ]
 
 
-@pytest.mark.parametrize("source, message", PATHOLOGICAL, ids=["long", "deep", "let chain", "let cycle", "alsos"])
+@pytest.mark.parametrize("source, message", PATHOLOGICAL,
+                         ids=["long", "deep", "let chain", "let cycle", "huge", "alsos"])
 def test_pathological_programs_are_syntax_errors_at_once(source, message):
     start = time.perf_counter()
     with pytest.raises(UclSyntaxError) as info:
