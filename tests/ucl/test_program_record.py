@@ -175,3 +175,19 @@ def test_the_checker_uses_and_checks_the_checkpoints_program(tmp_path, capsys):
     ucp.save({"w": torch.ones(4, 2)}, plain)
     assert main(["ucl", "check", "--layout", "tp=2", "--against", plain]) == 2
     assert f"checkpoint {plain} records no UCL program: name the program to check it with" in capsys.readouterr().err
+
+
+def test_a_rank_part_with_a_damaged_program_record_is_refused_by_finalize(tmp_path):
+    path = tmp_path / "c"
+    for rank in range(2):
+        ucp.save({"w": torch.arange(8.0).view(4, 2).chunk(2)[rank].clone()}, path, program=SPLIT, layout="tp=2",
+                 rank=rank, world_size=2)
+    part = tmp_path / ".c.ucp-staging-shared" / "parts" / "rank-00001.json"
+    data = json.loads(part.read_text())
+    assert data["program"]["text"] == SPLIT  # each rank's part carries the record finalize commits
+    part.write_text(json.dumps({**data, "program": {"text": SPLIT, "params": {"n": [1.5]}}}))
+    with pytest.raises(ManifestError) as info:
+        ucp.finalize(path, world_size=2)
+    assert str(info.value) == (
+        f"{part}: member 'program' is not a UCL program record (the part: program.params must map names to "
+        "integers, words or lists of those); the rank's save is damaged - save that rank again")
