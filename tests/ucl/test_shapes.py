@@ -129,7 +129,7 @@ def test_hf_llama_lists_its_logical_tensors(models):
 def test_declarations_must_be_complete_to_list_tensors():
     with pytest.raises(ucl.UclError) as info:
         ucl.declared_logical("deepspeed-zero", "dp=2,zero=1")
-    assert str(info.value) == ("deepspeed-zero.ucl:19: rule 'module/{name*}' captures {name*}, names only a model "
+    assert str(info.value) == ("deepspeed-zero.ucl:35: rule 'module/{name*}' captures {name*}, names only a model "
                                "has; give the logical shapes (--shapes, --against, --model or --hf-config)")
     with pytest.raises(ucl.UclError, match=r"does not bound \{i\} \('where i < EXPR'\)"):
         ucl.declared_logical("ucl 1\ntensor l.{i} -> l.{i}\n  shape [2]\n", "tp=1")
