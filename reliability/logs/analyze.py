@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from functools import lru_cache, partial
@@ -89,6 +90,10 @@ class KeyVerdict:
         return self.category not in (NORMAL, "unclassified")
 
 
+# A failure line before its incident is known: Event's fields but the last, as a cheap tuple.
+_Draft = namedtuple("_Draft", [f.name for f in fields(Event) if f.name != "incident_id"])
+
+
 @dataclass
 class MergedScan:
     """The scans of all partitions folded together (partition order); mutable while merging."""
@@ -147,7 +152,8 @@ class LogAnalysis:
     rates: dict
     fits: dict
     job_projection: tuple[dict, ...]
-    templates: dict
+    templates: dict  # id -> text of the templates of failure lines
+    template_count: int  # templates known after the run (all lines)
     discovered: tuple[DiscoveredCategory, ...]
     classification_methods: dict
     options: AnalysisOptions
@@ -166,7 +172,8 @@ class LogAnalysis:
                 "nodes": len(self.nodes),
                 "first_timestamp": self.first_timestamp,
                 "last_timestamp": self.last_timestamp,
-                "templates": len(self.templates),
+                "templates": self.template_count,
+                "failure_templates": len(self.templates),
             },
             "input": self.counters.to_dict(),
             "categories": dict(sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -296,13 +303,12 @@ def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     for file, line, ts, node, job, key, message in merged.drafts:
         verdict = verdicts[key]
         if verdict.is_failure:
-            info = merged.keys[key]
-            drafts.append(Event(file=file, line=line, timestamp=ts, node=node, job=job, category=verdict.category,
-                                template_id=template_of[key], confidence=verdict.confidence, message=message,
-                                severity=None if info.severity is None else SEVERITY_NAMES[info.severity],
-                                discovered=verdict.discovered))
+            severity = merged.keys[key].severity
+            drafts.append(_Draft(file, line, ts, node, job, verdict.category, template_of[key], verdict.confidence,
+                                 message, None if severity is None else SEVERITY_NAMES[severity],
+                                 verdict.discovered))
     incidents, member = build_incidents(drafts, taxonomy=taxonomy, window_s=options.window_s)
-    events = tuple(Event(**{**e.to_dict(), "incident_id": member[i]}) for i, e in enumerate(drafts))
+    events = tuple(Event(*e, member[i]) for i, e in enumerate(drafts))
     first, last = merged.first, merged.last
     span_s = (last - first) if first is not None and last is not None else 0.0
     fatal = sorted((i for i in incidents if i.fatal and i.start is not None), key=lambda i: i.start)
@@ -321,6 +327,7 @@ def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
         events=events, incidents=tuple(incidents), lemons=tuple(lemons), line_categories=line_categories,
         counters=merged.counters, nodes=tuple(sorted(nodes)), first_timestamp=first, last_timestamp=last,
         rates=rates, fits=fits, job_projection=tuple(projection),
-        templates={tid: templates.get(tid).text for tid in used}, discovered=discovered,
+        templates={tid: templates.get(tid).text for tid in used}, template_count=len(templates),
+        discovered=discovered,
         classification_methods=methods, options=options,
     )

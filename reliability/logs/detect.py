@@ -118,6 +118,20 @@ def line_evidence(content: str, *, severity: int | None) -> LineEvidence:
         dump=is_dump(content))
 
 
+def failure_phrase(text: str, *, before: int = 2, after: int = 3) -> str | None:
+    """The words around the first failure word of ``text`` (values left out), or None.
+
+    >>> failure_phrase("<*> to=root, delay=<*>, stat=Deferred: Connection refused by <*>")
+    'stat=Deferred: Connection refused by'
+    """
+    m = _FAILURE.search(text)
+    if m is None:
+        return None
+    head = [w for w in text[:m.start()].split() if "<*>" not in w][-before:]
+    tail = [w for w in text[m.start():].split() if "<*>" not in w][:after + 1]
+    return " ".join(head + tail)
+
+
 def is_dump(text: str) -> bool:
     """Whether a line is data rather than a report: mostly values and ``name:``/``name=`` tokens.
 

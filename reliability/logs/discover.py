@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from reliability.logs.detect import failure_phrase
+
 MAX_EXAMPLES = 5
 MAX_NODES = 20
 _WORD = re.compile(r"[A-Za-z][A-Za-z_-]*[A-Za-z]|[A-Za-z]")
@@ -123,7 +125,9 @@ def discover_categories(flagged: Iterable[FlaggedTemplate], *, domain_of: Callab
     for _, members in clusters:
         lead = members[0]
         domain, confidence = domain_of(" ".join(t.examples[0] if t.examples else t.text for t in members[:3]))
-        name = slug(lead.text)
+        # Named after what went wrong: the words around the first failure word, else the first words.
+        phrase = failure_phrase(lead.text) or lead.text
+        name = slug(phrase)
         path = f"{domain}/discovered/{name}"
         n = 2
         while path in used:
@@ -137,7 +141,7 @@ def discover_categories(flagged: Iterable[FlaggedTemplate], *, domain_of: Callab
                 if ex not in examples and len(examples) < MAX_EXAMPLES:
                     examples.append(ex)
         found.append(DiscoveredCategory(
-            path=path, name=" ".join(words(lead.text)[:8]) or lead.text[:60], domain=domain,
+            path=path, name=" ".join(words(phrase)[:8]) or lead.text[:60], domain=domain,
             domain_confidence=round(float(confidence), 4), templates=tuple(t.text for t in members),
             template_ids=tuple(t.template_id for t in members), lines=sum(t.lines for t in members),
             nodes=tuple(nodes[:MAX_NODES]), examples=tuple(examples)))

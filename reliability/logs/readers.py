@@ -270,6 +270,8 @@ class LineReader:
         if involved.get("kind") == "Node":
             node = involved.get("name") or node
         message = f"{obj.get('reason', '')}: {obj.get('message', '')} ({involved.get('kind', '')})"
+        if obj.get("type") == "Warning":  # the event's severity, read as a level by the header parser
+            message = f"Warning {message}"
         return ts, node, message
 
     # -- the public surface ------------------------------------------------------------

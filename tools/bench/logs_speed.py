@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from drain3 import TemplateMiner  # noqa: E402
+from drain3.masking import MaskingInstruction  # noqa: E402
+from drain3.template_miner_config import TemplateMinerConfig  # noqa: E402
 
 from reliability.logs.analyze import AnalysisOptions, analyze_logs  # noqa: E402
 from reliability.logs.masking import mask  # noqa: E402
-from reliability.logs.templates import miner_config  # noqa: E402
 from tools.bench.logs_accuracy import build_benchmark  # noqa: E402
 
 # Envelope prefixes of the four loghub formats: (stamp and framing kept, host varied, message varied).
@@ -85,6 +86,22 @@ class _Varier:
         return text  # injected lines: already drawn afresh for each block
 
 
+def drain3_config() -> TemplateMinerConfig:
+    """drain3 as the previous version of this tool ran it, with drain3's usual IP/HEX/NUM masks."""
+    config = TemplateMinerConfig()
+    config.drain_sim_th = 0.4
+    config.drain_depth = 4
+    config.drain_max_children = 100
+    config.parametrize_numeric_tokens = True
+    config.profiling_enabled = False
+    config.masking_instructions = [
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)(\d+\.\d+\.\d+\.\d+)((?=[^A-Za-z0-9])|$)", "IP"),
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)(0x[a-fA-F0-9]+)((?=[^A-Za-z0-9])|$)", "HEX"),
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)([\-\+]?\d+)((?=[^A-Za-z0-9])|$)", "NUM"),
+    ]
+    return config
+
+
 def benchmark_lines(*, lines: int, per_kind: int, vary: bool) -> list[str]:
     """``lines`` benchmark lines: accuracy-log blocks with fresh faults, loghub lines varied or verbatim."""
     out: list[str] = []
@@ -124,7 +141,7 @@ def main(argv=None) -> int:
             result = analyze_logs([path], options=AnalysisOptions(default_year=2024))
             ours_all.append(time.perf_counter() - t)
             ours_cpu.append(time.process_time() - c)
-            miner = TemplateMiner(config=miner_config(masking=True))
+            miner = TemplateMiner(config=drain3_config())
             t, c = time.perf_counter(), time.process_time()
             for text in lines:
                 miner.add_log_message(text)
