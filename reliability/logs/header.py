@@ -142,8 +142,10 @@ def split_header(message: str) -> tuple[int | None, str]:
         i += 1
         while i < n and not tokens[i]:
             i += 1
-        if i < n - 1 and (tokens[i].endswith(":") or tokens[i].startswith("[")):
-            level = level_of(tokens[i])  # "slurmd[7]: error: ..." - a level after the tag ends in ":"
+        token = tokens[i] if i < n - 1 else ""
+        if token.endswith(":") or token.startswith("[") or (token.isupper() and len(token) >= 4):
+            # "slurmd[7]: error: ...", "logrotate: ALERT exited ...": a level after the tag
+            level = level_of(token)
             if level is not None:
                 severity = level
                 i += 1

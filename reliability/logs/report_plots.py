@@ -63,8 +63,9 @@ def plots(result: LogAnalysis) -> dict[str, tuple[str, str]]:
         grid = np.linspace(0, gaps.max(), 200)
         e, w = fits["exponential"], fits["weibull"]
         ax.plot(grid, np.exp(-grid / e["mttf_hours"]), label=f"exponential (MTTF {e['mttf_hours']:.3g} h)")
-        ax.plot(grid, np.exp(-np.power(grid / w["scale_hours"], w["shape"])),
-                label=f"Weibull (k={w['shape']:.2f}, MTTF {w['mttf_hours']:.3g} h)")
+        if w:  # None when the shape diverges (equal gaps)
+            ax.plot(grid, np.exp(-np.power(grid / w["scale_hours"], w["shape"])),
+                    label=f"Weibull (k={w['shape']:.2f}, MTTF {w['mttf_hours']:.3g} h)")
         ax.legend()
     else:
         ax.text(0.5, 0.5, fits.get("note", "no fit"), ha="center", transform=ax.transAxes)
