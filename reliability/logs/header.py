@@ -47,16 +47,16 @@ _BRACKETED = re.compile(r"[\[<(]([A-Za-z]+)[\]>)]:?")
 _PRI = re.compile(r"<(\d{1,3})>")
 _GLOG = re.compile(r"([IWEF])\d{4}")
 _KEYED = re.compile(r"(?:level|lvl|severity|loglevel)=\"?([A-Za-z]+)\"?", re.IGNORECASE)
-_COMPONENT = re.compile(r"[\w.$()/@-]+(?:\[[\w.:-]*\])?:")
+_COMPONENT = re.compile(r"[\w.$()/@-]+(?:\[[\w.:-]*\])?:|[\w./-]+:\d+\]")  # "tag[pid]:", glog's "file.go:12]"
 _DOTTED = re.compile(r"[A-Za-z_][\w$]*(?:\.[\w$]+)+")
 _PIPE_HEADER = re.compile(r"(?:[^|\s]*\|){2,}")
 
 
-def level_of(token: str) -> int | None:
+def level_of(token: str, *, after_tag: bool = False) -> int | None:
     """The severity a single token names, if it is written as a level.
 
-    >>> level_of("ERROR"), level_of("[error]"), level_of("Warning"), level_of("error")
-    (3, 3, 2, None)
+    >>> level_of("ERROR"), level_of("[error]"), level_of("Warning"), level_of("error"), level_of("error:", after_tag=True)
+    (3, 3, 2, None, 3)
     """
     word = token.rstrip(":,")
     bracketed = _BRACKETED.fullmatch(token)
@@ -67,7 +67,8 @@ def level_of(token: str) -> int | None:
         return None
     # "error" inside a sentence is a word, not a level: levels are written upper case,
     # capitalised ("Info" in Windows CBS logs) or bracketed ("[notice]" in Apache's).
-    if word.isupper() or word.istitle() or bracketed is not None:
+    # Right after a syslog tag, "error:" is Slurm's and many daemons' way to write the level.
+    if word.isupper() or word.istitle() or bracketed is not None or (after_tag and token.endswith(":")):
         return level
     return None
 
@@ -145,7 +146,7 @@ def split_header(message: str) -> tuple[int | None, str]:
         token = tokens[i] if i < n - 1 else ""
         if token.endswith(":") or token.startswith("[") or (token.isupper() and len(token) >= 4):
             # "slurmd[7]: error: ...", "logrotate: ALERT exited ...": a level after the tag
-            level = level_of(token)
+            level = level_of(token, after_tag=True)
             if level is not None:
                 severity = level
                 i += 1

@@ -321,7 +321,7 @@ class LineReader:
             group = {"hpc": 5, "thunderbird": 2, "bluegene": 1}[name]
             ts = (float, m.start(group), m.end(group))
             node = m.span({"hpc": 2, "thunderbird": 3, "bluegene": 2}[name])
-            msg_start = {"hpc": None, "thunderbird": m.start(4), "bluegene": m.start(3)}[name]
+            msg_start = None if name == "hpc" else m.start(4 if name == "thunderbird" else 3)
         elif name in ("slurm", "openstack"):
             ts, node, msg_start = (stamp.iso, *m.span(1)), None, m.start(2)
         elif name == "iso":
