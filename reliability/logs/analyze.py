@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache, partial
 
 import numpy as np
@@ -121,8 +121,8 @@ def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
             merged.last = scan.last_timestamp if merged.last is None else max(merged.last, scan.last_timestamp)
         for key, info in scan.keys.items():
             known = merged.keys.get(key)
-            if known is None:
-                merged.keys[key] = info
+            if known is None:  # a copy: merging never changes the scans it is given
+                merged.keys[key] = replace(info, nodes=set(info.nodes))
             else:
                 known.count += info.count
                 known.nodes |= info.nodes

@@ -3,7 +3,9 @@
 Builds a benchmark log of >= 1,000,000 lines (the labeled accuracy log -
 loghub samples plus injected faults - repeated with fresh random faults),
 then times (a) our whole pipeline from the file (read, detect format, parse,
-mask, template cache, classify, incidents, fits) and (b) drain3's
+mask, mine templates, detect, classify, incidents, fits), in this process and
+on a local Dask cluster of N workers (the file cut into the same byte ranges
+for every worker count; cluster start-up included), and (b) drain3's
 TemplateMiner.add_log_message with its usual IP/HEX/NUM masking on the same
 lines already in memory (no I/O, no classification: a generous baseline).
 
@@ -15,7 +17,7 @@ the few numbers that decide a category (``status: 200``, ``Xid 79``) keep
 their value, because real logs do not draw those at random either.
 ``--no-vary`` repeats the loghub lines verbatim (the older, flattering log).
 
-Run:  .venv/bin/python tools/bench/logs_speed.py [--lines 1000000] [--per-kind 40] [--no-vary]
+Run:  .venv/bin/python tools/bench/logs_speed.py [--lines 1000000] [--per-kind 40] [--no-vary] [--workers 1,2]
 """
 
 from __future__ import annotations
