@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -182,6 +183,9 @@ MAX_TAXONOMY_BYTES = 64 << 20
 
 
 def _read_file(path: str) -> str:
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # a FIFO or device would block or never end
+        raise TaxonomyError(f"taxonomy file {path!r} is not a regular file; give a JSON file (docs/LOGS.md)")
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_TAXONOMY_BYTES + 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,10 @@ def test_binary_taxonomy_is_a_clear_input_error(tmp_path, capsys):
             "(docs/LOGS.md)") in capsys.readouterr().err
     assert main(["logs", "analyze", str(LOGHUB / "HPC_2k.log"), "--taxonomy", str(tmp_path), "--quiet"]) == 2
     assert "is a directory; give a JSON file" in capsys.readouterr().err
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # would block forever if opened
+    assert main(["logs", "analyze", str(LOGHUB / "HPC_2k.log"), "--taxonomy", str(fifo), "--quiet"]) == 2
+    assert "is not a regular file; give a JSON file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content, message", [
