@@ -63,10 +63,7 @@ class ForeignObject:
 
 def foreign_of(obj: InertObject) -> ForeignObject:
     """The record of an inert stand-in: how the pickle made it, with what."""
-    # A stand-in made by NEWOBJ never ran __init__, so it has no ``args`` attribute of its own.
-    new = "args" not in vars(obj)
-    return ForeignObject(obj.origin, new, tuple(getattr(obj, "args", ())), getattr(obj, "state", None),
-                         dict(getattr(obj, "kwargs", {})))
+    return ForeignObject(obj.origin, not obj.called, tuple(obj.args), obj.state, dict(obj.kwargs))
 
 
 _CONTAINERS = (tuple, list, dict, argparse.Namespace, InertObject)
