@@ -151,7 +151,12 @@ class UcpWriter:
         if (program is None) != (lay is None):
             raise ValueError("program and layout go together: the program says how each layout shards the tensors")
         logical = {t.name: LogicalTensor(t.name, tuple(t.shape), t.dtype) for t in tensors}
-        tilings = _layout_tilings(program, lay, logical) if program is not None else {}
+        bound = None
+        if program is not None:
+            from ucl.bind import load_program
+
+            bound = load_program(program)  # text, a .ucl path, a preset name or reference
+        tilings = _layout_tilings(bound, lay, logical) if bound is not None else {}
         self._keys: dict[str, dict[Box, str]] = {}
         specs: dict[str, TensorSpec] = {}
         for t in logical.values():
@@ -171,7 +176,7 @@ class UcpWriter:
         self._unflushed = 0
         self._writer = CheckpointWriter(self.path, spec=FragmentMap(rank=0, logical=logical, tensors=specs),
                                         overwrite=overwrite, storage_options=storage_options, layout=lay,
-                                        program=_program_text(program) if program is not None else None)
+                                        program=bound.record().to_dict() if bound is not None else None)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         self.add_region(name, Box.full(tuple(tensor.shape)), tensor)
@@ -207,7 +212,7 @@ def _overlap(part: Box, tile: Box, shape: tuple[int, ...]) -> Box | None:
     return part.intersect(tile)
 
 
-def _layout_tilings(program: str, layout: Layout, logical: dict[str, LogicalTensor]) -> dict[str, tuple[Box, ...]]:
+def _layout_tilings(program: Any, layout: Layout, logical: dict[str, LogicalTensor]) -> dict[str, tuple[Box, ...]]:
     """Per tensor, the distinct boxes the layout's ranks load, when they tile it exactly once.
 
     Checks the program against the tensors (a program that does not fit them is an error, not a guess);
@@ -237,13 +242,6 @@ def _layout_tilings(program: str, layout: Layout, logical: dict[str, LogicalTens
         if coverage_gaps(boxes, logical[name].shape) == (0, []):
             out[name] = boxes
     return out
-
-
-def _program_text(program: str) -> str:
-    if "\n" not in program and os.path.isfile(program):
-        with open(program, encoding="utf-8") as fh:
-            return fh.read()
-    return program
 
 
 

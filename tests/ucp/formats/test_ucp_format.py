@@ -75,7 +75,7 @@ def test_layout_shards_become_fragments_and_the_program_is_recorded(tmp_path):
     assert not (tmp_path / "bad").exists()
     with UcpReader(tmp_path / "c") as reader:
         assert [str(f.region) for f in reader.manifest.tensors["weight"].fragments] == ["[0:4, 0:3]", "[4:8, 0:3]"]
-        assert reader.manifest.layout["tp"] == 2 and "split dim 0 over tp" in reader.manifest.program
+        assert reader.manifest.layout["tp"] == 2 and "split dim 0 over tp" in reader.manifest.program.text
     shard = ucp.load(tmp_path / "c", program=PROGRAM, layout="tp=2", rank=1)
     assert torch.equal(shard["model"]["w"], torch.arange(12.0, 24.0).view(4, 3))
 
