@@ -12,7 +12,9 @@
   other rack has room.
 
 Every policy spends at most the request's budget and fills a holder's memory
-before its disk (``memory`` is the faster tier).
+before its disk (``memory`` is the faster tier); the static ones place in rounds
+(every fragment's first replica, then every second one), so first replicas get
+the memory slots.
 
 Example::
 
@@ -84,15 +86,14 @@ class StaticRandom:
         object.__setattr__(self, "_rng", np.random.default_rng(self.seed))
 
     def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
-        free, sites = _Free(view), {}
-        for frag in request.fragments:
-            chosen = sites.setdefault(frag.fragment_id, [])
-            for _ in range(request.replicas):
+        free, sites = _Free(view), {f.fragment_id: [] for f in request.fragments}
+        for _ in range(request.replicas):  # in rounds: every fragment's 1st replica, then 2nd ...
+            for frag in request.fragments:
+                chosen = sites[frag.fragment_id]
                 nodes = _candidates(view, free, frag, chosen)
-                if not nodes:
-                    break
-                node = int(self._rng.choice(nodes))
-                chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
+                if nodes:
+                    node = int(self._rng.choice(nodes))
+                    chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
         _fill_minimum(request, view, free, sites, self._rng)
         return Placement(sites)
 
@@ -109,22 +110,21 @@ class RackAware:
         object.__setattr__(self, "_rng", np.random.default_rng(self.seed))
 
     def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
-        free, sites = _Free(view), {}
+        free, sites = _Free(view), {f.fragment_id: [] for f in request.fragments}
         rack = {s.node: s.rack for s in view.nodes}
-        for frag in request.fragments:
-            chosen = sites.setdefault(frag.fragment_id, [])
-            for k in range(request.replicas):
+        for k in range(request.replicas):  # in rounds, as StaticRandom
+            for frag in request.fragments:
+                chosen = sites[frag.fragment_id]
                 nodes = _candidates(view, free, frag, chosen)
                 used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
-                if k == 1:
+                if k == 1 and chosen:
                     preferred = [n for n in nodes if rack[n] == rack[chosen[0].node]]
                 else:
                     preferred = [n for n in nodes if rack[n] not in used_racks]
                 pool = preferred or [n for n in nodes if rack[n] != rack[frag.owner]] or nodes
-                if not pool:
-                    break
-                node = int(self._rng.choice(pool))
-                chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
+                if pool:
+                    node = int(self._rng.choice(pool))
+                    chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
         _fill_minimum(request, view, free, sites, self._rng)
         return Placement(sites)
 
@@ -164,12 +164,13 @@ class GroupPlacement:
         for group in self.groups(view, request.replicas + 1):
             for pos, node in enumerate(group):
                 ring[node] = [group[(pos + j) % len(group)] for j in range(1, len(group))]
-        for frag in request.fragments:
-            chosen = sites.setdefault(frag.fragment_id, [])
-            for node in ring.get(frag.owner, [])[: request.replicas]:
-                tier = free.tier(node, frag.nbytes)
+        for k in range(request.replicas):  # in rounds: each node's ring successor first, in memory
+            for frag in request.fragments:
+                chosen = sites.setdefault(frag.fragment_id, [])
+                members = ring.get(frag.owner, [])
+                tier = free.tier(members[k], frag.nbytes) if k < len(members) else None
                 if tier:
-                    chosen.append(free.take(node, tier, frag.nbytes))
+                    chosen.append(free.take(members[k], tier, frag.nbytes))
         _fill_minimum(request, view, free, sites, np.random.default_rng(self.seed))
         return Placement(sites)
 

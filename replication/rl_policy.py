@@ -60,17 +60,17 @@ def _vec(make_env, count: int = ENVS):
     return DummyVecEnv([make_env] * count)
 
 
-def training_scenarios(*, seed: int, intervals: int, spec=None, forecaster=None):
+def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_intervals: int = 3000):
     """Synthetic scenarios for offline training, with forecasts as the evaluation makes them."""
     from replication.scenarios import RL_TRAIN_SEED, SYNTHETIC, build_scenario, pretrained_forecaster
 
-    forecaster = forecaster or pretrained_forecaster(spec=spec)
+    forecaster = pretrained_forecaster(spec=spec, intervals=pretrain_intervals)
     return [build_scenario(family, intervals=intervals, seed=RL_TRAIN_SEED + 10 * seed + i, forecaster=forecaster,
                            spec=spec) for i, family in enumerate(SYNTHETIC)]
 
 
 def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=None, max_nodes: int = MAX_NODES,
-                 scenarios=None, progress=None):
+                 pretrain_intervals: int = 3000, scenarios=None, progress=None):
     """Train MaskablePPO from scratch; returns the model (``model.save(path)`` to keep it)."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -83,7 +83,8 @@ def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=N
                 progress(self.num_timesteps)
             return True
 
-    scenarios = scenarios or training_scenarios(seed=seed, intervals=intervals, spec=spec)
+    scenarios = scenarios or training_scenarios(seed=seed, intervals=intervals, spec=spec,
+                                                pretrain_intervals=pretrain_intervals)
     source = SimulatedEpisodes(scenarios)
     with _one_thread():
         model = MaskablePPO(NodeScorerPolicy, _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes)), seed=seed, device="cpu", verbose=0, **PPO_SETTINGS)

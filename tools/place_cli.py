@@ -65,6 +65,8 @@ def _common_parser():
     common.add_argument("--seed", type=int, default=0, help="scenario / training seed (default 0)")
     common.add_argument("--cluster", default="", metavar="SPEC",
                         help="cluster spec, e.g. nodes=16,rack_size=4,shard_gb=64 (default: docs/REPLICATION.md)")
+    common.add_argument("--pretrain-intervals", type=int, default=3000, metavar="N",
+                        help="intervals per synthetic family for the forecaster's pretraining (default 3000)")
     common.add_argument("--quiet", action="store_true", help="no progress or table")
     return common
 
@@ -87,12 +89,12 @@ def run_eval(args) -> int:
     from replication.evaluate import EvalOptions, evaluate, plot
     from replication.scenarios import FAMILIES
 
-    if args.intervals < 1 or args.replicas < 1:
-        raise PlacementInputError("--intervals and --replicas must be >= 1")
+    if args.intervals < 1 or args.replicas < 1 or args.pretrain_intervals < 1:
+        raise PlacementInputError("--intervals, --replicas and --pretrain-intervals must be >= 1")
     families = tuple(f.strip() for f in args.families.split(",")) if args.families else FAMILIES
     options = EvalOptions(intervals=args.intervals, seed=args.seed, replicas=args.replicas, families=families,
                           spec=_spec(args), report_path=args.logs, policy_path=args.policy_file,
-                          rl_online=not args.no_online)
+                          rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals)
     with _progress(args.quiet) as bar:
         task = bar.add_task("forecaster", total=None)
 
@@ -147,7 +149,7 @@ def run_train(args) -> int:
     with _progress(args.quiet) as bar:
         task = bar.add_task("PPO steps", total=args.timesteps)
         model = train_policy(timesteps=args.timesteps, seed=args.seed, intervals=args.intervals, spec=_spec(args),
-                             max_nodes=args.max_nodes or MAX_NODES,
+                             max_nodes=args.max_nodes or MAX_NODES, pretrain_intervals=args.pretrain_intervals,
                              progress=lambda n: bar.update(task, completed=min(n, args.timesteps)))
     model.save(out)
     if not args.quiet:
@@ -160,7 +162,7 @@ def run_forecast(args) -> int:
     from replication.scenarios import FAMILIES, build_scenario, pretrained_forecaster
 
     spec = _spec(args)
-    forecaster = pretrained_forecaster(spec=spec)
+    forecaster = pretrained_forecaster(spec=spec, intervals=args.pretrain_intervals)
     out = {}
     for i, family in enumerate(FAMILIES):
         scenario = build_scenario(family, intervals=args.intervals, seed=100 * args.seed + i, forecaster=forecaster,
