@@ -75,58 +75,53 @@ def _fill_minimum(request, view, free, sites, rng) -> None:
 
 
 @dataclass(frozen=True)
-class StaticRandom:
-    """``replicas`` distinct random peers per fragment, drawn anew each checkpoint."""
+class _RandomRounds:
+    """Random choice among the nodes a rule allows, in rounds (every fragment's 1st replica, then 2nd ...)."""
 
     seed: int = 0
-    name: str = "static-random"
     _rng: np.random.Generator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rng", np.random.default_rng(self.seed))
 
+    def _pool(self, k: int, frag: FragmentRequest, chosen: list[ReplicaSite], nodes: list[int],
+              rack: dict[int, int]) -> list[int]:
+        return nodes
+
     def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
         free, sites = _Free(view), {f.fragment_id: [] for f in request.fragments}
-        for _ in range(request.replicas):  # in rounds: every fragment's 1st replica, then 2nd ...
+        rack = {s.node: s.rack for s in view.nodes}
+        for k in range(request.replicas):
             for frag in request.fragments:
                 chosen = sites[frag.fragment_id]
-                nodes = _candidates(view, free, frag, chosen)
-                if nodes:
-                    node = int(self._rng.choice(nodes))
+                pool = self._pool(k, frag, chosen, _candidates(view, free, frag, chosen), rack)
+                if pool:
+                    node = int(self._rng.choice(pool))
                     chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
         _fill_minimum(request, view, free, sites, self._rng)
         return Placement(sites)
 
 
 @dataclass(frozen=True)
-class RackAware:
+class StaticRandom(_RandomRounds):
+    """``replicas`` distinct random peers per fragment, drawn anew each checkpoint."""
+
+    name: str = "static-random"
+
+
+@dataclass(frozen=True)
+class RackAware(_RandomRounds):
     """HDFS's rule: remote rack first, second replica in that same remote rack, then other racks."""
 
-    seed: int = 0
     name: str = "rack-aware"
-    _rng: np.random.Generator = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_rng", np.random.default_rng(self.seed))
-
-    def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
-        free, sites = _Free(view), {f.fragment_id: [] for f in request.fragments}
-        rack = {s.node: s.rack for s in view.nodes}
-        for k in range(request.replicas):  # in rounds, as StaticRandom
-            for frag in request.fragments:
-                chosen = sites[frag.fragment_id]
-                nodes = _candidates(view, free, frag, chosen)
-                used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
-                if k == 1 and chosen:
-                    preferred = [n for n in nodes if rack[n] == rack[chosen[0].node]]
-                else:
-                    preferred = [n for n in nodes if rack[n] not in used_racks]
-                pool = preferred or [n for n in nodes if rack[n] != rack[frag.owner]] or nodes
-                if pool:
-                    node = int(self._rng.choice(pool))
-                    chosen.append(free.take(node, free.tier(node, frag.nbytes), frag.nbytes))
-        _fill_minimum(request, view, free, sites, self._rng)
-        return Placement(sites)
+    def _pool(self, k, frag, chosen, nodes, rack):
+        used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
+        if k == 1 and chosen:
+            preferred = [n for n in nodes if rack[n] == rack[chosen[0].node]]
+        else:
+            preferred = [n for n in nodes if rack[n] not in used_racks]
+        return preferred or [n for n in nodes if rack[n] != rack[frag.owner]] or nodes
 
 
 @dataclass(frozen=True)
