@@ -207,25 +207,27 @@ class GreedyForecast:
         # equal forecasts must not favour low node ids: ties break by fragment order
         risk = {f.fragment_id: max(prob[f.owner], 1e-9) for f in request.fragments}
         counts = allocate_counts(request, risk)
-        free, sites, held = _Free(view), {}, {}
-        for frag in sorted(request.fragments, key=lambda f: -risk[f.fragment_id]):
-            chosen = sites.setdefault(frag.fragment_id, [])
+        free, sites, held = _Free(view), {f.fragment_id: [] for f in request.fragments}, {}
+        by_risk = sorted(request.fragments, key=lambda f: -risk[f.fragment_id])
+        # in rounds: every fragment's first replica before any second one, so a risky fragment's
+        # spare copies never take the memory slot that another fragment's only copy needs
+        for frag in (f for k in range(request.max_replicas) for f in by_risk if counts[f.fragment_id] > k):
+            chosen = sites[frag.fragment_id]
             # what a lost replica costs: the remote store, or the rework back to its stale copy
             fallback = frag.nbytes / spec.remote_bandwidth_bps + request.intervals_since_remote * spec.interval_s
-            for _ in range(counts[frag.fragment_id]):
-                used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
-                options = []
-                for node in _candidates(view, free, frag, chosen):
-                    tier = free.tier(node, frag.nbytes)
-                    p = prob[node]
-                    expected = (1 - p) * frag.nbytes / spec.bandwidth(tier) + p * fallback
-                    # fewer replicas held first: two lost owners never queue on one source
-                    options.append((rack[node] in used_racks, round(expected, 6), held.get(node, 0), node, tier))
-                if not options:
-                    break
-                *_, node, tier = min(options)
-                held[node] = held.get(node, 0) + 1
-                chosen.append(free.take(node, tier, frag.nbytes))
+            used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
+            options = []
+            for node in _candidates(view, free, frag, chosen):
+                tier = free.tier(node, frag.nbytes)
+                p = prob[node]
+                expected = (1 - p) * frag.nbytes / spec.bandwidth(tier) + p * fallback
+                # fewer replicas held first: two lost owners never queue on one source
+                options.append((rack[node] in used_racks, round(expected, 6), held.get(node, 0), node, tier))
+            if not options:
+                continue
+            *_, node, tier = min(options)
+            held[node] = held.get(node, 0) + 1
+            chosen.append(free.take(node, tier, frag.nbytes))
         _fill_minimum(request, view, free, sites, np.random.default_rng(self.seed))
         return Placement(sites)
 

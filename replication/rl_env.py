@@ -1,8 +1,10 @@
 """The RL placement environment (gymnasium) and the state machine it shares with inference.
 
-One episode places one checkpoint: fragments in order of decreasing owner risk;
-each step either puts a replica of the current fragment on ``(node, tier)`` or
-moves on to the next fragment. Actions: ``2 * node + tier`` (tier 0 memory,
+One episode places one checkpoint in rounds, as the static policies do: every
+fragment's first replica (fragments in order of decreasing owner risk), then
+every fragment's second, then third. Each step either puts the current
+fragment's replica of this round on ``(node, tier)`` or skips it (allowed once
+the fragment has ``min_replicas``), so the budget can move between fragments. Actions: ``2 * node + tier`` (tier 0 memory,
 1 disk) for ``node < max_nodes``, and ``2 * max_nodes`` = next fragment. Invalid
 actions (the owner, a dead or padding node, a node already holding the fragment,
 a full tier, a step that would break the budget or the per-fragment limits) are
@@ -16,9 +18,10 @@ speeds). Clusters of up to ``max_nodes`` nodes fit, padded.
 
 Reward: the change of a potential, minus the expected recovery time of the
 partial placement over *failure cases* (sets of lost nodes with weights), in
-checkpoint intervals. Summed over an episode it is the (negated) expected
-recovery time of the final placement, up to a constant: potential-based
-shaping, so every step gets its own credit. Cases come from an
+checkpoint intervals, where only shards that already have a replica count as
+lost. Summed over an episode it is the (negated) expected recovery time of the
+final placement, up to a constant: potential-based shaping, so every step gets
+its own credit. Cases come from an
 :class:`EpisodeSource`: true hazards of a simulated trace (offline training) or
 the failures that really followed a placement (online, closed loop).
 
@@ -44,7 +47,7 @@ from replication.recovery import recover
 
 MAX_NODES = 32
 NODE_FEATURES = 11
-GLOBAL_FEATURES = 9
+GLOBAL_FEATURES = 10
 _TIERS = (MEMORY, DISK)
 
 
@@ -83,11 +86,15 @@ class PlacementBuilder:
         self.free = np.array([[s.memory_free_bytes, s.disk_free_bytes] for s in view.nodes], dtype=float)
         self.held = np.zeros(n)
         self.order = sorted(request.fragments, key=lambda f: (-self.prob[f.owner], f.owner))
-        nbytes = np.array([f.nbytes for f in self.order])
-        self.reserve_after = np.concatenate([np.cumsum(nbytes[::-1])[::-1][1:], [0.0]]) * request.min_replicas
+        self.positions = len(self.order) * request.max_replicas  # round r, fragment i: position r * F + i
+        # bytes still owed to fragments below min_replicas: the budget must always cover them
+        self.deficit = sum(f.nbytes for f in self.order) * request.min_replicas
         self.budget = request.budget_bytes
         self.sites: dict[str, list[ReplicaSite]] = {f.fragment_id: [] for f in self.order}
-        self.k = 0
+        self.fragments_of: dict[int, list[str]] = {}
+        for frag in self.order:
+            self.fragments_of.setdefault(frag.owner, []).append(frag.fragment_id)
+        self.k = 0  # position
         self._mask: np.ndarray | None = None
         t_remote = spec.shard_bytes / spec.remote_bandwidth_bps
         self._spec_features = [spec.shard_bytes / spec.memory_bandwidth_bps / t_remote,
@@ -98,11 +105,15 @@ class PlacementBuilder:
     # -- state ------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.k >= len(self.order)
+        return self.k >= self.positions
+
+    @property
+    def round(self) -> int:
+        return self.k // len(self.order)
 
     @property
     def current(self):
-        return self.order[self.k]
+        return self.order[self.k % len(self.order)]
 
     def action_masks(self) -> np.ndarray:
         if self._mask is None:
@@ -117,8 +128,8 @@ class PlacementBuilder:
         frag = self.current
         chosen = self.sites[frag.fragment_id]
         count = len(chosen)
-        short = max(self.request.min_replicas - count - 1, 0) * frag.nbytes
-        if count < self.request.max_replicas and self.budget - frag.nbytes >= self.reserve_after[self.k] + short - 1e-6:
+        owed = self.deficit - (frag.nbytes if count < self.request.min_replicas else 0.0)
+        if count <= self.round and count < self.request.max_replicas and self.budget - frag.nbytes >= owed - 1e-6:
             ok = self.alive.copy()
             ok[frag.owner] = False
             for site in chosen:
@@ -154,10 +165,10 @@ class PlacementBuilder:
         nodes[:n, 8] = self.held / 3.0
         nodes[:n, 9] = mask[0: 2 * n: 2]
         nodes[:n, 10] = mask[1: 2 * n: 2]
-        left = len(self.order) - self.k
         mean_p = float(self.prob.mean())
         glob[:] = [self.risk[frag.owner], len(chosen) / self.request.max_replicas,
-                   self.budget / (left * frag.nbytes * max(self.request.replicas, 1)), self.k / len(self.order),
+                   self.budget / (len(self.order) * frag.nbytes), self.round / self.request.max_replicas,
+                   (self.k % len(self.order)) / len(self.order),
                    min(max(math.log10(max(self.prob[frag.owner], 1e-5) / max(mean_p, 1e-5)), -2.0), 2.0),
                    _risk_scale(mean_p), *self._spec_features]
         return np.concatenate([nodes.ravel(), glob]).astype(np.float32)
@@ -172,12 +183,13 @@ class PlacementBuilder:
             self._skip_forced()
             return None
         node, tier = divmod(int(action), 2)
+        if len(self.sites[frag.fragment_id]) < self.request.min_replicas:
+            self.deficit -= frag.nbytes
         self.sites[frag.fragment_id].append(ReplicaSite(node, _TIERS[tier]))
         self.free[node, tier] -= frag.nbytes
         self.held[node] += 1
         self.budget -= frag.nbytes
-        if len(self.sites[frag.fragment_id]) >= self.request.max_replicas:
-            self.k += 1
+        self.k += 1  # one replica per fragment and round
         self._skip_forced()
         return frag.owner
 
@@ -210,6 +222,10 @@ class SimulatedEpisodes(EpisodeSource):
 
             raise PlacementInputError("simulated episodes need synthetic traces (with true hazards)")
         self.replicas = replicas
+        # Weights are hazards over their mean per interval, *not* normalised per episode: the target
+        # is the mean recovery time over failures, so an interval twice as likely to see one counts twice.
+        totals = [s.trace.node_hazard.sum(1) + s.trace.rack_hazard.sum(1) for s in self.scenarios]
+        self.scale = 1.0 / max(float(np.mean(np.concatenate(totals))), 1e-12)
 
     @classmethod
     def from_family(cls, family: str, *, intervals: int, seed: int, spec: ClusterSpec | None = None):
@@ -224,11 +240,12 @@ class SimulatedEpisodes(EpisodeSource):
         trace = scenario.trace
         t = int(rng.integers(trace.intervals))
         spec = trace.spec
-        cases = [FailureCase(frozenset([i]), frozenset([i]), float(w)) for i, w in enumerate(trace.node_hazard[t])]
+        cases = [FailureCase(frozenset([i]), frozenset([i]), float(w) * self.scale)
+                 for i, w in enumerate(trace.node_hazard[t])]
         for r, w in enumerate(trace.rack_hazard[t]):
             if w > 0:
                 nodes = frozenset(range(r * spec.rack_size, min((r + 1) * spec.rack_size, spec.nodes)))
-                cases.append(FailureCase(nodes, nodes, float(w)))
+                cases.append(FailureCase(nodes, nodes, float(w) * self.scale))
         return scenario.request(t), scenario.view(t), cases
 
 
@@ -267,8 +284,7 @@ class PlacementEnv(gym.Env):
             self.builder = PlacementBuilder(request, view, max_nodes=self.max_nodes)
             if not self.builder.done:  # a placement with a decision in it
                 break
-        total = sum(c.weight for c in cases) or 1.0
-        self.cases = [FailureCase(c.lost, c.unavailable, c.weight / total) for c in cases]
+        self.cases = list(cases)
         self.by_owner: dict[int, list[int]] = {}
         for i, case in enumerate(self.cases):
             for node in case.lost:
@@ -279,8 +295,12 @@ class PlacementEnv(gym.Env):
 
     def _cost(self, case: FailureCase) -> float:
         b = self.builder
+        # Only shards that already have a replica count as lost: every shard must get one (the mask
+        # says so), so "no replica yet" is no decision, and charging it would bury the signal of the
+        # choices that are decisions (which tier, which rack) under large, fixed jumps.
+        placed = frozenset(o for o in case.lost if any(b.sites[fid] for fid in b.fragments_of.get(o, ())))
         partial = SimpleNamespace(sites=b.sites)
-        seconds = recover(b.request, partial, spec=b.view.spec, lost=case.lost, unavailable=case.unavailable).seconds
+        seconds = recover(b.request, partial, spec=b.view.spec, lost=placed, unavailable=case.unavailable).seconds
         return seconds / b.view.spec.interval_s
 
     def potential(self) -> float:

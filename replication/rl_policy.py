@@ -33,7 +33,7 @@ from replication.placement import ClusterView, Placement, PlacementRequest
 from replication.rl_env import MAX_NODES, PlacementBuilder, PlacementEnv, ReplayedEpisodes, SimulatedEpisodes
 
 ENVS = 8  # parallel episodes per rollout: one batched forward pass serves all eight
-PPO_SETTINGS = {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "learning_rate": 1e-3, "gamma": 1.0,
+PPO_SETTINGS = {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "learning_rate": 5e-4, "gamma": 1.0,
                 "gae_lambda": 0.95, "ent_coef": 0.005, "clip_range": 0.2}
 
 

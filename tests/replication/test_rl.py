@@ -47,11 +47,14 @@ def test_masks_exclude_every_invalid_site():
     assert not mask[6] and not mask[7]  # node 3 is down
     assert not mask[10] and mask[11]  # node 5: memory full, disk free
     assert not mask[16:64].any()  # padding beyond the 8 real nodes
-    assert not mask[64]  # 'next' is masked until the fragment has its minimum replica
-    builder.apply(0 if owner != 0 else 2)
-    holder = 0 if owner != 0 else 1
+    assert not mask[64]  # 'skip' is masked until the fragment has its minimum replica
+    first = builder.current
+    while builder.round == 0:  # round 0: every fragment's first replica, the lowest valid site
+        builder.apply(int(np.flatnonzero(builder.action_masks()[:-1])[0]))
+    assert builder.current == first  # round 1 starts again with the riskiest fragment
+    holder = builder.sites[first.fragment_id][0].node
     assert not builder.action_masks()[2 * holder] and not builder.action_masks()[2 * holder + 1]
-    assert builder.action_masks()[64]
+    assert builder.action_masks()[64]  # a second replica is optional
 
 
 def test_invalid_action_is_penalised_without_a_state_change(source):
