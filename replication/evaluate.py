@@ -111,8 +111,9 @@ def comparisons(report: EvalReport) -> list[str]:
         cut = 1 - rl["mean_recovery_s"] / base["mean_recovery_s"] if base["mean_recovery_s"] else 0.0
         vs_best = rl["mean_recovery_s"] / best["mean_recovery_s"] - 1 if best["mean_recovery_s"] else 0.0
         storage = rl["storage_bytes"] / base["storage_bytes"] if base["storage_bytes"] else 0.0
-        lines.append(f"{family}: rl downtime {cut:+.1%} lower than static-random at {storage:.2f}x its storage; "
-                     f"{vs_best:+.1%} vs the best heuristic ({best_name})")
+        lines.append(f"{family}: rl downtime {abs(cut):.1%} {'lower' if cut >= 0 else 'higher'} than static-random "
+                     f"at {storage:.2f}x its storage; {abs(vs_best):.1%} {'longer' if vs_best > 0 else 'shorter'} "
+                     f"than the best heuristic ({best_name})")
     return lines
 
 

@@ -47,7 +47,7 @@ def test_eval_prints_the_table(capsys):
                  "--no-online"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "lemon:" in out and "static-random" in out and "vs the best heuristic" in out
+    assert "lemon:" in out and "static-random" in out and "than the best heuristic" in out
 
 
 @pytest.mark.parametrize("argv, message", [

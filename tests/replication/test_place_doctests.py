@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "replication",
     "replication.cluster",
     "replication.placement",
     "replication.failures",
