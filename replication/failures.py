@@ -14,7 +14,9 @@ The synthetic process (:class:`FailureModel`) combines:
   that log the same warnings but end without a failure;
 - correlated rack failures (a ToR switch or PDU takes all nodes of a rack), a
   share of them preceded by link flaps on every node of the rack;
-- lemon nodes: slots whose hardware fails far more often and logs more noise.
+- lemon nodes: slots whose hardware fails far more often and logs more noise;
+- bursts: a cluster-wide cause (a file-system or scheduler outage) takes
+  ``burst_size`` nodes anywhere in the cluster at once, unannounced.
 
 Example::
 
@@ -78,6 +80,8 @@ class FailureModel:
     lemon_fraction: float = 0.0
     lemon_factor: float = 10.0  # hazard multiplier of a lemon slot
     lemon_noise_factor: float = 4.0
+    burst_mttf_intervals: float = 0.0  # 0: no bursts
+    burst_size: int = 3
 
     def __post_init__(self) -> None:
         for name in ("precursor_share", "rack_precursor_share", "lemon_fraction"):
@@ -94,8 +98,9 @@ class Trace:
 
     ``failures[t]``: failure events during interval ``t`` in order, each the frozenset
     of nodes lost together. ``monitor[t, i, c]``: events node ``i`` logged on channel
-    ``c`` during ``t``. ``node_hazard[t, i]`` / ``rack_hazard[t, r]``: true probability
-    that node ``i`` alone / rack ``r`` fails during ``t`` (``None`` for replayed logs).
+    ``c`` during ``t``. ``node_hazard[t, i]`` / ``rack_hazard[t, r]`` / ``burst_hazard[t]``:
+    true probability that node ``i`` alone / rack ``r`` / a burst of ``burst_size`` random
+    nodes fails during ``t`` (``None`` for replayed logs).
     """
 
     family: str
@@ -104,6 +109,8 @@ class Trace:
     monitor: np.ndarray
     node_hazard: np.ndarray | None = None
     rack_hazard: np.ndarray | None = None
+    burst_hazard: np.ndarray | None = None
+    burst_size: int = 0
 
     @property
     def intervals(self) -> int:
@@ -135,6 +142,7 @@ def generate_trace(spec: ClusterSpec, model: FailureModel, *, intervals: int, se
     noise[lemon, _HW] *= model.lemon_noise_factor
     leave = 1.0 / model.degraded_intervals  # geometric phase length: leave with this probability
     rack_p = -math.expm1(-1.0 / model.rack_mttf_intervals) if model.rack_mttf_intervals else 0.0
+    burst_p = -math.expm1(-1.0 / model.burst_mttf_intervals) if model.burst_mttf_intervals else 0.0
 
     age = rng.integers(0, int(model.lifetime.mttf_intervals), size=n).astype(float)  # not all new at t=0
     degraded = np.zeros(n, dtype=bool)  # heading for a failure
@@ -159,14 +167,19 @@ def generate_trace(spec: ClusterSpec, model: FailureModel, *, intervals: int, se
         rack_fail = rng.random(racks) < rack_hazard[t]
         events = [frozenset(np.flatnonzero(rack_of == r).tolist()) for r in np.flatnonzero(rack_fail)]
         events += [frozenset([int(i)]) for i in np.flatnonzero(node_fail & ~rack_fail[rack_of])]
+        if burst_p and rng.random() < burst_p:
+            events.append(frozenset(rng.choice(n, size=min(model.burst_size, n), replace=False).tolist()))
         order = rng.permutation(len(events))
         failures.append(tuple(events[k] for k in order))
         # state for t + 1
         lost = node_fail | rack_fail[rack_of]
+        for event in events:
+            lost[list(event)] = True
         age = np.where(lost, 0.0, age + 1.0)
         degraded = np.where(lost, False, degraded | (rng.random(n) < onset))
         alarm = np.where(alarm, rng.random(n) >= leave, rng.random(n) < model.false_alarm_rate) & ~degraded
         rack_degraded = np.where(rack_fail, False,
                                  rack_degraded | (rng.random(racks) < rack_p * model.rack_precursor_share))
     monitor.flags.writeable = False
-    return Trace(family, spec, tuple(failures), monitor, node_hazard, rack_hazard)
+    burst_hazard = np.full(intervals, burst_p)
+    return Trace(family, spec, tuple(failures), monitor, node_hazard, rack_hazard, burst_hazard, model.burst_size)

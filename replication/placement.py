@@ -178,7 +178,8 @@ def validate_placement(request: PlacementRequest, view: ClusterView, placement: 
             used[(site.node, site.tier)] = used.get((site.node, site.tier), 0.0) + frag.nbytes
     for (node, tier), nbytes in sorted(used.items()):
         if nbytes > view.free_bytes(node, tier) * (1 + 1e-9):
-            raise PlacementError(f"node {node} {tier}: {nbytes:.0f} bytes placed, {view.free_bytes(node, tier):.0f} free")
+            free = view.free_bytes(node, tier)
+            raise PlacementError(f"node {node} {tier}: {nbytes:.0f} bytes placed, {free:.0f} free")
     total = placement.replica_bytes(request)
     if total > request.budget_bytes * (1 + 1e-9):
         raise PlacementError(f"placement uses {total:.0f} replica bytes, the budget is {request.budget_bytes:.0f}")

@@ -4,8 +4,9 @@ One episode places one checkpoint in rounds, as the static policies do: every
 fragment's first replica (fragments in order of decreasing owner risk), then
 every fragment's second, then third. Each step either puts the current
 fragment's replica of this round on ``(node, tier)`` or skips it (allowed once
-the fragment has ``min_replicas``), so the budget can move between fragments. Actions: ``2 * node + tier`` (tier 0 memory,
-1 disk) for ``node < max_nodes``, and ``2 * max_nodes`` = next fragment. Invalid
+the fragment has ``min_replicas``), so the budget can move between fragments.
+Actions: ``2 * node + tier`` (tier 0 memory, 1 disk) for ``node < max_nodes``,
+and ``2 * max_nodes`` = skip. Invalid
 actions (the owner, a dead or padding node, a node already holding the fragment,
 a full tier, a step that would break the budget or the per-fragment limits) are
 masked (:meth:`PlacementEnv.action_masks`, for sb3-contrib's MaskablePPO); an
@@ -49,6 +50,7 @@ MAX_NODES = 32
 NODE_FEATURES = 11
 GLOBAL_FEATURES = 10
 _TIERS = (MEMORY, DISK)
+_BURST_SAMPLES = 4
 
 
 def _risk_scale(p: float | np.ndarray):
@@ -224,7 +226,8 @@ class SimulatedEpisodes(EpisodeSource):
         self.replicas = replicas
         # Weights are hazards over their mean per interval, *not* normalised per episode: the target
         # is the mean recovery time over failures, so an interval twice as likely to see one counts twice.
-        totals = [s.trace.node_hazard.sum(1) + s.trace.rack_hazard.sum(1) for s in self.scenarios]
+        totals = [s.trace.node_hazard.sum(1) + s.trace.rack_hazard.sum(1) + s.trace.burst_hazard
+                  for s in self.scenarios]
         self.scale = 1.0 / max(float(np.mean(np.concatenate(totals))), 1e-12)
 
     @classmethod
@@ -246,6 +249,11 @@ class SimulatedEpisodes(EpisodeSource):
             if w > 0:
                 nodes = frozenset(range(r * spec.rack_size, min((r + 1) * spec.rack_size, spec.nodes)))
                 cases.append(FailureCase(nodes, nodes, float(w) * self.scale))
+        if trace.burst_hazard[t] > 0:  # bursts hit any nodes: a few random ones stand for all
+            for _ in range(_BURST_SAMPLES):
+                size = min(trace.burst_size, spec.nodes)
+                nodes = frozenset(rng.choice(spec.nodes, size=size, replace=False).tolist())
+                cases.append(FailureCase(nodes, nodes, float(trace.burst_hazard[t]) * self.scale / _BURST_SAMPLES))
         return scenario.request(t), scenario.view(t), cases
 
 

@@ -62,11 +62,11 @@ def _vec(make_env, count: int = ENVS):
 
 def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_intervals: int = 3000):
     """Synthetic scenarios for offline training, with forecasts as the evaluation makes them."""
-    from replication.scenarios import RL_TRAIN_SEED, SYNTHETIC, build_scenario, pretrained_forecaster
+    from replication.scenarios import RL_TRAIN_SEED, SYNTHETIC, TRAINING_ONLY, build_scenario, pretrained_forecaster
 
     forecaster = pretrained_forecaster(spec=spec, intervals=pretrain_intervals)
     return [build_scenario(family, intervals=intervals, seed=RL_TRAIN_SEED + 10 * seed + i, forecaster=forecaster,
-                           spec=spec) for i, family in enumerate(SYNTHETIC)]
+                           spec=spec) for i, family in enumerate(SYNTHETIC + TRAINING_ONLY)]
 
 
 def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=None, max_nodes: int = MAX_NODES,
@@ -87,7 +87,8 @@ def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=N
                                                 pretrain_intervals=pretrain_intervals)
     source = SimulatedEpisodes(scenarios)
     with _one_thread():
-        model = MaskablePPO(NodeScorerPolicy, _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes)), seed=seed, device="cpu", verbose=0, **PPO_SETTINGS)
+        envs = _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes))
+        model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0, **PPO_SETTINGS)
         model.learn(total_timesteps=timesteps, callback=_Progress())
     return model
 

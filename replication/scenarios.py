@@ -28,6 +28,8 @@ from replication.replay import load_report, trace_from_report
 
 FAMILIES = ("independent", "correlated-rack", "lemon", "log-replay")
 SYNTHETIC = FAMILIES[:3]
+# Trained on, never evaluated: correlated failures that respect no rack (the RL policy's training mix).
+TRAINING_ONLY = ("burst",)
 
 MODELS = {
     "independent": FailureModel(lifetime=Lifetime(kind="weibull", mttf_intervals=200.0, shape=0.8)),
@@ -35,6 +37,8 @@ MODELS = {
                                     rack_mttf_intervals=250.0),
     "lemon": FailureModel(lifetime=Lifetime(kind="exponential", mttf_intervals=300.0),
                           lemon_fraction=0.125, lemon_factor=12.0),
+    "burst": FailureModel(lifetime=Lifetime(kind="exponential", mttf_intervals=300.0),
+                          burst_mttf_intervals=100.0, burst_size=3),
 }
 
 

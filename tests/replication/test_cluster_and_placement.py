@@ -79,7 +79,8 @@ def test_validate_budget_and_dead_nodes():
 
 
 def test_request_checks_its_limits():
-    with pytest.raises(PlacementInputError, match=r"need 0 <= min_replicas \(1\) <= replicas \(4\) <= max_replicas \(3\)"):
+    expected = r"need 0 <= min_replicas \(1\) <= replicas \(4\) <= max_replicas \(3\)"
+    with pytest.raises(PlacementInputError, match=expected):
         PlacementRequest.one_per_node(SPEC, replicas=4)
 
 

@@ -108,3 +108,15 @@ def test_replay_refuses_what_is_not_an_analysis(tmp_path):
     with pytest.raises(FailureLogError) as err:
         trace_from_report(empty, spec=SPEC, intervals=10, where="x.json")
     assert str(err.value) == "x.json: no fatal incident with a timestamp and a root-cause node to replay"
+
+
+def test_bursts_take_nodes_anywhere_and_are_weighted_for_training():
+    from replication.rl_env import SimulatedEpisodes
+    from replication.simulator import Scenario
+
+    trace = family_trace("burst", intervals=1500, seed=2)
+    bursts = [e for events in trace.failures for e in events if len(e) > 1]
+    assert bursts and all(len(e) == 3 for e in bursts)
+    assert any(len({n // 4 for n in e}) > 1 for e in bursts)  # not rack failures
+    request, view, cases = SimulatedEpisodes([Scenario.without_forecasts(trace)]).sample(np.random.default_rng(0))
+    assert sum(len(c.lost) == 3 for c in cases) == 4

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replication.forecast import FEATURES, FailureForecaster, evaluate_forecasts, expected_calibration_error, trace_features
+from replication.forecast import (FEATURES, FailureForecaster, evaluate_forecasts, expected_calibration_error,
+                                  trace_features)
 from replication.scenarios import family_trace
 
 
