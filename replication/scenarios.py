@@ -6,6 +6,8 @@ lifetimes plus rack-wide failures (a ToR switch or PDU), some announced by link
 flaps. ``lemon``: two of sixteen slots fail twelve times as often and log more
 noise. ``log-replay``: the fatal incidents and events of a ``ucp logs analyze
 --json`` report (by default the shipped analysis of the loghub HPC sample).
+``burst`` (RL training only, never evaluated): exponential lifetimes plus bursts of
+three nodes anywhere in the cluster at once (a file-system or scheduler outage).
 
 Rates are accelerated (a failure every ~10-15 intervals) so that a few thousand
 intervals hold enough recoveries to rank policies; docs/REPLICATION.md says so.
