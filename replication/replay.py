@@ -1,6 +1,6 @@
 """Replay a real failure sequence from ``ucp logs analyze --json`` as a :class:`Trace`.
 
-What is kept from the report (schema_version 1, docs/LOGS.md): every *fatal*
+What is kept from the report (schema_version 1 or 2, docs/LOGS.md): every *fatal*
 incident becomes a failure of its root-cause node at the incident's start; every
 listed event (fatal or not: ECC, thermal, link flaps, symptoms) becomes a
 monitoring event of its node on the channel of its category's domain. What is
@@ -34,6 +34,10 @@ from replication.cluster import ClusterSpec
 from replication.errors import FailureLogError
 from replication.failures import CHANNELS, Trace
 
+# Versions 1 and 2 agree on every field read here (events: timestamp, node, category; incidents:
+# start, fatal, root_cause.node); 2 added severities and mined categories, which replay ignores.
+SCHEMA_VERSIONS = (1, 2)
+
 
 def channel_of(category: str) -> int:
     """Monitoring channel of a taxonomy path: network hardware, other hardware, software/user, infra."""
@@ -55,8 +59,9 @@ def load_report(path: str | Path) -> dict:
 
 
 def _checked(report, where: str) -> dict:
-    if not isinstance(report, dict) or report.get("schema_version") != 1:
-        raise FailureLogError(f"{where}: schema_version must be 1; expected the output of `ucp logs analyze --json`")
+    if not isinstance(report, dict) or report.get("schema_version") not in SCHEMA_VERSIONS:
+        raise FailureLogError(
+            f"{where}: schema_version must be 1 or 2; expected the output of `ucp logs analyze --json`")
     for key in ("events", "incidents"):
         if not isinstance(report.get(key), list):
             raise FailureLogError(f"{where}: missing list '{key}'; expected the output of `ucp logs analyze --json`")

@@ -97,10 +97,10 @@ def test_replay_folds_many_nodes_onto_the_cluster():
 
 def test_replay_refuses_what_is_not_an_analysis(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema_version": 2}')
+    bad.write_text('{"schema_version": 3}')
     with pytest.raises(FailureLogError) as err:
         load_report(bad)
-    assert str(err.value) == f"{bad}: schema_version must be 1; expected the output of `ucp logs analyze --json`"
+    assert str(err.value) == f"{bad}: schema_version must be 1 or 2; expected the output of `ucp logs analyze --json`"
     bad.write_text("{not json")
     with pytest.raises(FailureLogError, match=r"not JSON"):
         load_report(bad)
