@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "ucl": "tools.ucl_cli",
     "logs": "tools.logs_cli",
     "ettr": "tools.ettr_cli",
+    "place": "tools.place_cli",
 }
 
 
