@@ -89,3 +89,12 @@ class CheckpointExistsError(UcpError, FileExistsError):
 
 class TensorTooLargeError(UcpError, MemoryError):
     """A tensor the manifest describes cannot be allocated in host memory."""
+
+
+class UnsafePathError(UcpError, PermissionError):
+    """A file of a checkpoint resolves outside it (a symlink), is not a regular file, or is far
+    larger than the manifest says; it was not read."""
+
+
+class NotACheckpointError(CheckpointNotFoundError):
+    """The path holds something other than a ucp checkpoint: another format, a plain file, a device."""
