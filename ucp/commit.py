@@ -194,7 +194,8 @@ def _not_a_checkpoint(final: Storage) -> CheckpointNotFoundError:
     if kind == "file":
         return NotACheckpointError(
             f"{where} is a file, not a ucp checkpoint (a directory with {MANIFEST_NAME}), and no known format "
-            "recognises it; if it is a checkpoint of another format, name it with: ucp convert --from FORMAT"
+            f"recognises it; if it is a checkpoint of another format, name the format: ucp convert --from FORMAT "
+            f"{where} NEW_PATH"
         )
     names = final.listdir()
     if not names:
@@ -241,5 +242,5 @@ def read_manifest(storage: Storage, *, problems: list | None = None) -> Manifest
     from ucp.manifest import MAX_MANIFEST_BYTES
 
     data = storage.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
-                             what="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
+                             allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
     return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), problems=problems)

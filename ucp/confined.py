@@ -42,12 +42,14 @@ def real_root(root: str) -> str:
     return os.path.realpath(root)
 
 
-def open_inside(root: str, rel: str, *, real: str | None = None) -> tuple[int, os.stat_result]:
+def open_inside(root: str, rel: str, *, real: str | None = None, what: str | None = None) -> tuple[int, os.stat_result]:
     """Open ``root/rel`` read-only: ``(fd, stat)``; the caller closes ``fd``.
 
-    ``real`` is :func:`real_root` of ``root`` when the caller has it already.
-    Raises FileNotFoundError when there is no such file, UnsafePathError as above.
+    ``real`` is :func:`real_root` of ``root`` when the caller has it already; ``what``
+    (e.g. the tensor the file holds) starts refusals. Raises FileNotFoundError when there
+    is no such file, UnsafePathError as above.
     """
+    lead = f"{what}: " if what else ""
     path = os.path.join(root, rel)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -55,10 +57,10 @@ def open_inside(root: str, rel: str, *, real: str | None = None) -> tuple[int, o
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
             raise UnsafePathError(
-                f"{path} is {kind}, not a regular file; refusing to read it - the checkpoint is damaged "
+                f"{lead}{path} is {kind}, not a regular file; refusing to read it - the checkpoint is damaged "
                 "(restore the file or load an older checkpoint)"
             )
-        _check_inside(fd, path, real if real is not None else real_root(root))
+        _check_inside(fd, path, real if real is not None else real_root(root), lead)
         return fd, info
     except BaseException:
         os.close(fd)
@@ -66,22 +68,24 @@ def open_inside(root: str, rel: str, *, real: str | None = None) -> tuple[int, o
 
 
 def read_inside(root: str, rel: str, *, limit: int, start: int = 0, size_limit: int | None = None,
-                real: str | None = None, what: str = "the manifest says it holds") -> tuple[bytes, int]:
+                real: str | None = None, what: str | None = None,
+                allowed: str = "the manifest says it holds") -> tuple[bytes, int]:
     """Bytes ``[start, start + limit)`` of ``root/rel`` (fewer if the file is shorter), and the file's size.
 
     A file larger than ``size_limit`` is refused before anything is read (UnsafePathError
-    saying it holds more than ``what``).
+    saying it holds more than ``allowed``); ``what`` starts refusals as for :func:`open_inside`.
     """
-    fd, info = open_inside(root, rel, real=real)
+    fd, info = open_inside(root, rel, real=real, what=what)
     try:
         if size_limit is not None and info.st_size > size_limit:
             raise UnsafePathError(
-                f"{os.path.join(root, rel)} holds {info.st_size} bytes, more than the {size_limit} that "
-                f"{what}; refusing to read it - the checkpoint is damaged"
+                f"{what + ': ' if what else ''}{os.path.join(root, rel)} holds {info.st_size} bytes, more than the "
+                f"{size_limit} that {allowed}; refusing to read it - the checkpoint is damaged"
             )
-        parts, got = [], 0
-        while got < limit:  # one read returns at most ~2 GiB
-            part = os.pread(fd, limit - got, start + got)
+        # Never ask for more than the file holds: os.pread allocates the whole request up front.
+        want, parts, got = min(limit, max(0, info.st_size - start)), [], 0
+        while got < want:  # one read returns at most ~2 GiB
+            part = os.pread(fd, want - got, start + got)
             if not part:
                 break
             parts.append(part)
@@ -91,13 +95,13 @@ def read_inside(root: str, rel: str, *, limit: int, start: int = 0, size_limit: 
         os.close(fd)
 
 
-def _check_inside(fd: int, path: str, real: str) -> None:
+def _check_inside(fd: int, path: str, real: str, lead: str) -> None:
     try:  # the path of the file actually opened (Linux); elsewhere the path resolved now
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         opened = os.path.realpath(path)
     if opened != real and not opened.startswith(real.rstrip(os.sep) + os.sep):
         raise UnsafePathError(
-            f"{path} resolves to {opened}, outside the checkpoint {real}; refusing to read it - "
+            f"{lead}{path} resolves to {opened}, outside the checkpoint {real}; refusing to read it - "
             "replace the link with the file itself"
         )

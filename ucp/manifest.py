@@ -285,7 +285,10 @@ def _int(value: Any, where: str, *, low: int = 0, high: int = MAX_INT) -> int:
 
 
 def _region(data: Any, where: str) -> Region:
-    region = region_from_dict(data)
+    try:
+        region = region_from_dict(data)
+    except ManifestError as err:
+        raise ManifestError(f"{where}: {err}") from None
     for value in (region.offsets + region.sizes) if isinstance(region, Box) else (region.start, region.stop):
         _int(value, where)
     return region

@@ -36,9 +36,43 @@ def check_state_tree(tree: Any, *, where: str) -> None:
 
     Checks the tags (known, with a body of the right type) and the depth; ``where``
     starts each message (e.g. ``"manifest.json: states[3]"``). Linear in the size of
-    the tree: each node carries its depth and a link to its parent's place, and the
-    path is spelled out only for a message.
+    the tree and without recursion: one level of containers at a time, and only when
+    something is wrong a second walk that spells out where.
     """
+    level, depth = ([tree] if type(tree) in _CONTAINERS else []), 0
+    while level:
+        if depth > MAX_STATE_DEPTH:
+            _raise_first_problem(tree, where)
+        below: list = []
+        for node in level:
+            if type(node) is list:
+                below.extend(value for value in node if type(value) in _CONTAINERS)
+                continue
+            if len(node) == 1:
+                tag = next(iter(node))
+                if isinstance(tag, str) and tag.startswith("$"):
+                    body = node[tag]
+                    if _TAG_BODIES.get(tag) is not type(body) or not _plain_tag_body(tag, body):
+                        _raise_first_problem(tree, where)
+                    if tag in ("$tuple", "$dict"):
+                        below.extend(v for v in (body if tag == "$tuple" else (i[1] for i in body))
+                                     if type(v) in _CONTAINERS)
+                    continue
+            below.extend(value for value in node.values() if type(value) in _CONTAINERS)
+        level, depth = below, depth + 1
+
+
+def _plain_tag_body(tag: str, body: Any) -> bool:
+    """The checks of a tag body beyond its type (see _tag_children)."""
+    if tag == "$float":
+        return body in _NON_FINITE
+    if tag == "$dict":
+        return all(type(i) is list and len(i) == 2 and isinstance(i[0], _KEY_TYPES) for i in body)
+    return True
+
+
+def _raise_first_problem(tree: Any, where: str) -> None:
+    """Walk the tree again, depth first, keeping each node's place, and raise for the first problem found."""
     stack: list[tuple[Any, int, Any]] = [(tree, 0, None)]
     while stack:
         node, depth, trail = stack.pop()
@@ -51,11 +85,12 @@ def check_state_tree(tree: Any, *, where: str) -> None:
             items = enumerate(node)
         elif isinstance(node, dict):
             tag = next(iter(node)) if len(node) == 1 else None
-            items = node.items() if tag is None or not tag.startswith("$") else _tag_children(tag, node[tag], trail, where)
+            plain = not (isinstance(tag, str) and tag.startswith("$"))
+            items = node.items() if plain else _tag_children(tag, node[tag], trail, where)
         else:
             continue
-        # Only containers go on the stack: scalars need no check.
         stack.extend((value, depth + 1, (key, trail)) for key, value in items if type(value) in _CONTAINERS)
+    raise AssertionError("check_state_tree found a problem that the second walk did not")  # an internal invariant
 
 
 def _tag_children(tag: str, body: Any, trail: Any, where: str) -> list[tuple[Any, Any]]:

@@ -113,33 +113,35 @@ class Storage:
         return self.fs.cat_file(self.path(*parts))
 
     # -- bounded reads of checkpoint files (ucp.confined says why) ------------
-    def read_file(self, rel: str, *, limit: int, what: str) -> bytes:
+    def read_file(self, rel: str, *, limit: int, allowed: str) -> bytes:
         """A whole file of at most ``limit`` bytes; larger ones are refused before reading.
 
-        Local files must be regular and inside the root (UnsafePathError). ``what`` ends the
-        refusal: "... more than the N that {what}".
+        Local files must be regular and inside the root (UnsafePathError). ``allowed`` ends the
+        refusal: "... more than the N that {allowed}".
         """
         if self.local:
             return confined.read_inside(self.root, rel, limit=limit, size_limit=limit, real=self._real(),
-                                        what=what)[0]
+                                        allowed=allowed)[0]
         path = self.path(rel)
         info = self.fs.info(path)
         if info.get("type") != "file" or (info.get("size") or 0) > limit:
             raise UnsafePathError(
                 f"{self.display(rel)} is not a file of at most {limit} bytes ({info.get('type')}, "
-                f"{info.get('size')} bytes), the most that {what}; refusing to read it"
+                f"{info.get('size')} bytes), the most that {allowed}; refusing to read it"
             )
         return self.fs.cat_file(path, start=0, end=limit)
 
-    def read_range(self, rel: str, start: int, length: int) -> tuple[bytes, int | None]:
+    def read_range(self, rel: str, start: int, length: int, *, what: str | None = None) -> tuple[bytes, int | None]:
         """Bytes ``[start, start + length)`` of a file (fewer at its end) and, locally, its size."""
         if self.local:
-            return confined.read_inside(self.root, rel, limit=length, start=start, real=self._real())
+            return confined.read_inside(self.root, rel, limit=length, start=start, real=self._real(), what=what)
         return self.fs.cat_file(self.path(rel), start=start, end=start + length), None
 
-    def check_file(self, rel: str) -> int:
-        """The size of a local file that may be read: regular, inside the root (else UnsafePathError)."""
-        fd, info = confined.open_inside(self.root, rel, real=self._real())
+    def file_size(self, rel: str, *, what: str | None = None) -> int:
+        """The size of a file that may be read (locally: regular, inside the root, else UnsafePathError)."""
+        if not self.local:
+            return self.fs.size(self.path(rel))
+        fd, info = confined.open_inside(self.root, rel, real=self._real(), what=what)
         os.close(fd)
         return info.st_size
 
@@ -302,7 +304,7 @@ class Storage:
         np_dtype = np.dtype(dtype).newbyteorder("<")
         expected = math.prod(shape) * np_dtype.itemsize
         try:
-            data, size = self.read_range(posixpath.join(rel, name), 0, expected + 1)
+            data, size = self.read_range(posixpath.join(rel, name), 0, expected + 1, what=what)
         except FileNotFoundError:
             raise IncompleteCheckpointError(
                 f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
@@ -328,7 +330,7 @@ class Storage:
         nbytes = math.prod(shape) * np_dtype.itemsize
         if self._pack_cache is None or self._pack_cache[0] != rel:
             try:
-                self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent)[0])
+                self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0])
             except FileNotFoundError:
                 raise IncompleteCheckpointError(
                     f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
@@ -437,7 +439,8 @@ class Storage:
         full = (chunk_rows * math.prod(max(1, s) for s in rest) if shape else 1) * np_dtype.itemsize
         path = self.path(rel, chunk_key(shape, index))
         try:
-            fd, info = confined.open_inside(self.root, os.path.join(rel, chunk_key(shape, index)), real=self._real())
+            fd, info = confined.open_inside(self.root, os.path.join(rel, chunk_key(shape, index)), real=self._real(),
+                                            what=what)
             size = info.st_size
             with os.fdopen(fd, "rb", buffering=0) as fh:
                 got = read_into(fh, memoryview(out.reshape(-1)).cast("B")) if out.nbytes and size == full else 0
@@ -483,11 +486,9 @@ class Storage:
     def _check_local(self, rel: str, name: str, *, what: str) -> None:
         """Before tensorstore opens a local file itself: it must be one ucp.confined would read."""
         try:
-            self.check_file(os.path.join(rel, name))
+            self.file_size(os.path.join(rel, name), what=what)
         except FileNotFoundError:
             pass  # tensorstore reports it, as for any missing key
-        except UnsafePathError as err:
-            raise UnsafePathError(f"{what}: {err}") from None
 
 
 def _read_error(err: ValueError, what: str, where: str) -> Exception:

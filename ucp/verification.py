@@ -38,7 +38,7 @@ from ucp.geometry import region_shape
 from ucp.manifest import MANIFEST_NAME, Fragment, TensorEntry
 from ucp.reader import CheckpointReader
 from ucp.storage import Storage
-from ucp.zarr_array import ZARR_JSON_LIMIT, metadata_problems, parse_metadata
+from ucp.zarr_array import ZARR_JSON_LIMIT, chunk_key, metadata_problems, parse_metadata
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,11 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
                 try:
                     reader.check_fragment(name, frag)
                     checked += frag.nbytes
-                except (UcpError, OSError) as err:
+                except UcpError as err:
                     problems.append(Problem(name, where, type(err).__name__, str(err)))
+                except OSError as err:  # unreadable: permissions, a link loop, an I/O error
+                    problems.append(Problem(name, where, type(err).__name__, f"tensor {name!r} (fragment "
+                                            f"{frag.key!r} of rank {frag.rank}): cannot read it: {err}"))
                 if progress is not None:
                     progress(frag.nbytes)
     finally:
@@ -119,19 +122,39 @@ def _array_problems(storage: Storage, reader: CheckpointReader, entry: TensorEnt
     rel = f"data/{frag.key}/zarr.json"
     what = f"tensor {entry.name!r} (fragment {frag.key!r} of rank {frag.rank})"
     try:
-        meta = parse_metadata(storage.read_file(rel, limit=ZARR_JSON_LIMIT, what="a zarr.json may hold"))
+        meta = parse_metadata(storage.read_file(rel, limit=ZARR_JSON_LIMIT, allowed="a zarr.json may hold"))
     except FileNotFoundError:
         return [("IncompleteCheckpointError", f"{what}: {storage.display(rel)} is missing; a zarr reader cannot "
                                               "open the array - restore it from a replica or load an older checkpoint")]
-    except (UcpError, OSError, ValueError) as err:
+    except (UcpError, OSError) as err:
         return [(type(err).__name__, f"{what}: {storage.display(rel)}: {err}")]
+    except ValueError as err:
+        return [("FormatError", f"{what}: {storage.display(rel)}: {err}; a zarr reader cannot open the array - "
+                                "the checkpoint is damaged")]
+    problems = []
     if frag.pack_offset is not None:
         extent = reader.pack_extent(frag.key)
         found = meta.get("shape") if isinstance(meta, dict) else None
         length = found[0] if isinstance(found, list) and len(found) == 1 and isinstance(found[0], int) else extent
         shape, data_type, rows = (max(length, extent),), "uint8", max(length, extent)
+        problems = _pack_size_problems(storage, frag, what, shape[0])
     else:
         shape, data_type, rows = region_shape(frag.region), storage_dtype(entry.dtype), frag.chunk_rows
-    return [("FormatError", f"{what}: {storage.display(rel)}: {problem}; a zarr reader would not read the bytes the "
-                            "manifest points at - the checkpoint is damaged")
-            for problem in metadata_problems(meta, shape=shape, data_type=data_type, chunk_rows=rows)]
+    return problems + [
+        ("FormatError", f"{what}: {storage.display(rel)}: {problem}; a zarr reader would not read the bytes the "
+                        "manifest points at - the checkpoint is damaged")
+        for problem in metadata_problems(meta, shape=shape, data_type=data_type, chunk_rows=rows)]
+
+
+def _pack_size_problems(storage: Storage, frag: Fragment, what: str, length: int) -> list[tuple[str, str]]:
+    """A pack's one chunk must hold exactly its array's length (a load reads only the bytes it needs)."""
+    rel = f"data/{frag.key}/{chunk_key((length,), 0)}"
+    try:
+        size = storage.file_size(rel, what=what)
+    except (UcpError, OSError):
+        return []  # reading the fragment reports it
+    if size == length:
+        return []
+    return [("TruncatedDataError", f"{what}: {storage.display(rel)} holds {size} bytes but its zarr.json says "
+                                   f"{length}; the file is damaged - restore it from a replica or load an older "
+                                   "checkpoint")]

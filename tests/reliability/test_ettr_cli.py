@@ -113,3 +113,26 @@ def test_from_a_real_logs_analysis(capsys, tmp_path):
     expected = report["rates"]["failures_per_1000_node_days"]
     assert expected > 0 and ettr["failures_per_1000_node_days"] == pytest.approx(expected)
     assert 0 < ettr["ettr_at_optimal"] < 1
+
+
+def test_the_report_is_library_code_the_cli_prints(capsys, tmp_path):
+    from reliability.ettr import compute_report, job_from_inputs, plot_report
+
+    job = job_from_inputs(gpus=16000, failures_per_1000_node_days=6.5, restart_min=5, save_min=1)
+    report = compute_report(job, interval_s=3600.0)
+    assert report == run_json(capsys, *KOKOLIS, "--save-min", "1", "--interval-min", "60")
+    plot_report(job, report, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"mttf_hours": 5.0}, "give exactly one of nodes and gpus"),
+    ({"nodes": 8}, "give exactly one of failures_per_1000_node_days, mttf_hours and logs_report"),
+    ({"nodes": 8, "mttf_hours": 5.0, "queue_min": float("nan")}, "--queue-min must be >= 0 minutes, got nan"),
+])
+def test_job_inputs_are_checked_in_the_library(inputs, message):
+    from reliability.ettr import ETTRInputError, job_from_inputs
+
+    with pytest.raises(ETTRInputError) as err:
+        job_from_inputs(**inputs)
+    assert str(err.value) == message
