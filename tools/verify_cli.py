@@ -35,13 +35,16 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ucp.errors import CheckpointNotFoundError, IncompleteCheckpointError
+    from ucp.errors import CheckpointNotFoundError, IncompleteCheckpointError, UcpError
     from ucp.verification import verify
 
     try:
         report = _verify_with_progress(args.path, quiet=args.json, verify=verify)
     except (CheckpointNotFoundError, IncompleteCheckpointError) as err:
         _emit_failure(args, "not-a-checkpoint", err)
+        return 2
+    except (UcpError, OSError) as err:  # a path no backend opens, a directory that cannot be listed
+        _emit_failure(args, type(err).__name__, err)
         return 2
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))

@@ -95,6 +95,20 @@ def read_inside(root: str, rel: str, *, limit: int, start: int = 0, size_limit: 
         os.close(fd)
 
 
+def read_exact_into(root: str, rel: str, view: memoryview, *, size: int, real: str | None = None,
+                    what: str | None = None) -> tuple[int, int]:
+    """Fill ``view`` from ``root/rel`` if the file holds exactly ``size`` bytes: ``(file size, bytes read)``.
+
+    A file of any other size is not read at all (a chunk file is exactly its chunk's size).
+    """
+    from ucp.file_io import read_into
+
+    fd, info = open_inside(root, rel, real=real, what=what)
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        got = read_into(fh, view) if view.nbytes and info.st_size == size else 0
+    return info.st_size, got
+
+
 def _check_inside(fd: int, path: str, real: str, lead: str) -> None:
     try:  # the path of the file actually opened (Linux); elsewhere the path resolved now
         opened = os.readlink(f"/proc/self/fd/{fd}")

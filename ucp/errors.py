@@ -98,3 +98,7 @@ class UnsafePathError(UcpError, PermissionError):
 
 class NotACheckpointError(CheckpointNotFoundError):
     """The path holds something other than a ucp checkpoint: another format, a plain file, a device."""
+
+
+class StorageURLError(UcpError, ValueError):
+    """A checkpoint path or URL that no storage backend can open (unknown protocol, missing package)."""

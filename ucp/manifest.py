@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from ucp.checksum import SUPPORTED as CHECKSUM_ALGORITHMS
 from ucp.dtypes import UnsupportedDtypeError, torch_dtype
 from ucp.errors import FormatVersionError, ManifestError
 from ucp.geometry import Box, Region, overlapping_regions, region_from_dict, region_to_dict, tiles_exactly
+from ucp.fragment_checks import check_fragment
 from ucp.state_schema import check_state_tree
 
 FORMAT_VERSION = 1
@@ -33,11 +33,6 @@ DATA_DIR = "data"
 MAX_MANIFEST_BYTES = 1 << 30
 # Integers in a manifest (sizes, offsets, byte counts) fit in a signed 64-bit integer.
 MAX_INT = (1 << 63) - 1
-# A fragment may have up to MAX_SMALL_CHUNKS chunks of any size; beyond that its chunks must
-# average MIN_CHUNK_BYTES (writers aim at 32 MiB), so no manifest can ask for millions of reads.
-MAX_SMALL_CHUNKS = 4096
-MIN_CHUNK_BYTES = 64 << 10
-_HEX_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True)
@@ -74,6 +69,32 @@ class Fragment:
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "fragment") -> "Fragment":
         """Parse one fragment, checking the type and range of every field (``where`` starts messages)."""
+        found = cls._parse_plain(data)
+        return found if found is not None else cls._from_dict_checked(data, where)
+
+    @classmethod
+    def _parse_plain(cls, data: Any) -> "Fragment | None":
+        """The fast path, for the many fragments of a manifest: the fragment, or None if anything is off."""
+        if type(data) is not dict:
+            return None
+        key, rank, nbytes, rows = data.get("key"), data.get("rank"), data.get("nbytes"), data.get("chunk_rows")
+        checksums, offset = data.get("checksums", []), data.get("pack_offset")
+        if not (type(key) is str and _plain_int(rank) and _plain_int(nbytes) and _plain_int(rows)
+                and (offset is None or _plain_int(offset)) and type(checksums) is list
+                and all(type(c) is str for c in checksums)):
+            return None
+        try:
+            region = region_from_dict(data.get("region"))
+        except ManifestError:
+            return None
+        values = (region.offsets + region.sizes) if isinstance(region, Box) else (region.start, region.stop)
+        if values and max(values) > MAX_INT:
+            return None
+        return cls(key, rank, region, nbytes, rows, tuple(checksums), offset)
+
+    @classmethod
+    def _from_dict_checked(cls, data: Any, where: str) -> "Fragment":
+        """:meth:`from_dict` field by field, raising the ManifestError that names what is wrong."""
         if not isinstance(data, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {_type(data)}")
         key = _field(data, "key", where)
@@ -86,7 +107,7 @@ class Fragment:
         return cls(
             key=key,
             rank=_int(_field(data, "rank", where), f"{where}: field 'rank'"),
-            region=_region(_field(data, "region", where), f"{where}: field 'region'"),
+            region=_region(_field(data, "region", where), where),
             nbytes=_int(_field(data, "nbytes", where), f"{where}: field 'nbytes'"),
             chunk_rows=_int(_field(data, "chunk_rows", where), f"{where}: field 'chunk_rows'"),
             checksums=tuple(checksums),
@@ -284,13 +305,19 @@ def _int(value: Any, where: str, *, low: int = 0, high: int = MAX_INT) -> int:
     return value
 
 
+def _plain_int(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_INT
+
+
 def _region(data: Any, where: str) -> Region:
+    """The fragment's region (coordinates are ints >= 0 by region_from_dict, and fit in 64 bits here)."""
     try:
         region = region_from_dict(data)
     except ManifestError as err:
-        raise ManifestError(f"{where}: {err}") from None
-    for value in (region.offsets + region.sizes) if isinstance(region, Box) else (region.start, region.stop):
-        _int(value, where)
+        raise ManifestError(f"{where}: field 'region': {err}") from None
+    values = (region.offsets + region.sizes) if isinstance(region, Box) else (region.start, region.stop)
+    if values and max(values) > MAX_INT:
+        _int(max(values), f"{where}: field 'region'")
     return region
 
 
@@ -339,10 +366,11 @@ def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, 
     raw_fragments = _field(data, "fragments", where)
     if not isinstance(raw_fragments, list):
         raise ManifestError(f"{where}: field 'fragments' must be a list, got {_type(raw_fragments)}")
-    fragments = tuple(Fragment.from_dict(f, where=f"{where} fragment {_label(f, i)}") for i, f in enumerate(raw_fragments))
+    fragments = tuple(Fragment._parse_plain(f) or Fragment._from_dict_checked(f, f"{where} fragment {_label(f, i)}")
+                      for i, f in enumerate(raw_fragments))
     covered = 0
     for frag in fragments:
-        _check_fragment_fields(name, frag, shape, itemsize, source, algorithm, world_size)
+        check_fragment(name, frag, shape, numel, itemsize, source, algorithm, world_size)
         covered += frag.region.numel
     if covered != numel:
         raise ManifestError(
@@ -406,53 +434,3 @@ def _resolve_states(data: Any, source: str, world_size: int,
             tree = None
         states[rank] = tree
     return states
-
-
-# A fragment key names a directory under data/: plain path segments only, so that a damaged
-# or hostile manifest can never make a reader open a file outside the checkpoint.
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-
-
-def _check_fragment_fields(name: str, frag: Fragment, shape: tuple[int, ...], itemsize: int, source: str,
-                           algorithm: str | None, world_size: int) -> None:
-    """Everything a reader relies on about one fragment, before any byte is read."""
-    where = f"{source}: tensor {name!r} fragment {frag.key[:200]!r}"
-    if not _SAFE_KEY.match(frag.key) or any(part in (".", "..") for part in frag.key.split("/")):
-        raise ManifestError(f"{where}: a fragment key must be a relative path of plain names under data/")
-    if frag.rank >= world_size:
-        raise ManifestError(f"{where}: rank {frag.rank} is not below world_size {world_size}")
-    fits = (len(frag.region.sizes) == len(shape) and all(o + s <= n for o, s, n in zip(frag.region.offsets,
-                                                                                        frag.region.sizes, shape))
-            if isinstance(frag.region, Box) else frag.region.stop <= math.prod(shape))
-    if not fits:
-        kind = "box" if isinstance(frag.region, Box) else "flat range"
-        raise ManifestError(
-            f"{where}: region does not fit shape {list(shape)} ({kind} {frag.region} does not fit in shape {shape})"
-        )
-    if frag.nbytes != frag.region.numel * itemsize:
-        raise ManifestError(
-            f"{where}: nbytes {frag.nbytes} does not match its region of {frag.region.numel} elements "
-            f"of {itemsize} byte(s); the manifest is damaged - load an older checkpoint"
-        )
-    stored = frag.region.sizes if isinstance(frag.region, Box) else (frag.region.numel,)
-    rows = stored[0] if stored else 1
-    if not 1 <= frag.chunk_rows <= max(1, rows):
-        raise ManifestError(f"{where}: chunk_rows must be between 1 and {max(1, rows)} (the rows it stores), "
-                            f"got {frag.chunk_rows}")
-    chunks = 0 if frag.region.numel == 0 else -(-rows // frag.chunk_rows)
-    if chunks > max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES):
-        raise ManifestError(
-            f"{where}: chunk_rows {frag.chunk_rows} cuts {frag.nbytes} bytes into {chunks} chunks; a fragment of "
-            f"more than {MAX_SMALL_CHUNKS} chunks needs chunks of {MIN_CHUNK_BYTES} bytes or more on average"
-        )
-    if frag.pack_offset is not None and chunks != 1:
-        raise ManifestError(f"{where}: a packed fragment must be one non-empty chunk")
-    expected = 0 if algorithm is None else chunks
-    if len(frag.checksums) != expected:
-        raise ManifestError(
-            f"{where}: {len(frag.checksums)} checksum(s) for {chunks} chunk(s)"
-            + (" (the manifest has checksum_algorithm null)" if algorithm is None else "")
-            + "; the manifest is damaged - load an older checkpoint"
-        )
-    if not all(_HEX_DIGEST.match(c) for c in frag.checksums):
-        raise ManifestError(f"{where}: checksums must be {algorithm} digests of 16 lowercase hex digits")

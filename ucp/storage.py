@@ -39,8 +39,9 @@ import tensorstore as ts
 from fsspec.implementations.local import LocalFileSystem
 
 from ucp import confined
-from ucp.errors import IncompleteCheckpointError, TruncatedDataError, UcpError, UnsafePathError
-from ucp.file_io import done_future, fsync_path, hexdigests, little_endian, read_into, write_all
+from ucp.errors import (IncompleteCheckpointError, StorageURLError, TensorTooLargeError, TruncatedDataError, UcpError,
+                        UnsafePathError)
+from ucp.file_io import done_future, fsync_path, hexdigests, little_endian, write_all
 from ucp.zarr_array import ZARR_JSON_LIMIT, array_metadata, chunk_count, chunk_key  # noqa: F401 - re-exported
 
 # Arrays of one chunk up to this size are written and read as plain files, without
@@ -82,7 +83,13 @@ class Storage:
 
     def __init__(self, url: str | os.PathLike, *, storage_options: dict | None = None) -> None:
         self.url = os.fspath(url)
-        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        if not self.url or "\0" in self.url:
+            raise StorageURLError(f"{self.url!r} is not a checkpoint path; give a directory or an fsspec URL")
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except (ValueError, ImportError) as err:  # an unknown protocol, a backend that is not installed
+            raise StorageURLError(f"cannot open {self.url}: {err}; give a local path or an fsspec URL whose "
+                                  "backend is installed (memory://, file://, s3:// with s3fs, ...)") from None
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = os.path.abspath(root) if self.local else root.rstrip("/")
         # No fsync per file: one sync() of the whole save before its commit is far cheaper
@@ -306,9 +313,7 @@ class Storage:
         try:
             data, size = self.read_range(posixpath.join(rel, name), 0, expected + 1, what=what)
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-            ) from None
+            raise _missing(what, where) from None
         if len(data) != expected:
             raise TruncatedDataError(
                 f"{what}: {where} is shorter or longer than the manifest says ({size or len(data)} bytes, expected "
@@ -332,9 +337,7 @@ class Storage:
             try:
                 self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0])
             except FileNotFoundError:
-                raise IncompleteCheckpointError(
-                    f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-                ) from None
+                raise _missing(what, where) from None
         data = self._pack_cache[1][offset : offset + nbytes]
         if len(data) != nbytes:
             raise TruncatedDataError(
@@ -435,19 +438,19 @@ class Storage:
         rest = tuple(shape[1:])
         rows = min(chunk_rows, shape[0] - index * chunk_rows) if shape else 1
         if out is None:
-            out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
+            try:
+                out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
+            except MemoryError:  # a chunk the manifest says is larger than this host's memory
+                raise TensorTooLargeError(f"{what}: cannot hold chunk {index} ({rows} rows of {list(rest)} "
+                                          f"{np_dtype.name}) in memory") from None
         full = (chunk_rows * math.prod(max(1, s) for s in rest) if shape else 1) * np_dtype.itemsize
         path = self.path(rel, chunk_key(shape, index))
         try:
-            fd, info = confined.open_inside(self.root, os.path.join(rel, chunk_key(shape, index)), real=self._real(),
-                                            what=what)
-            size = info.st_size
-            with os.fdopen(fd, "rb", buffering=0) as fh:
-                got = read_into(fh, memoryview(out.reshape(-1)).cast("B")) if out.nbytes and size == full else 0
+            size, got = confined.read_exact_into(self.root, os.path.join(rel, chunk_key(shape, index)),
+                                                 memoryview(out.reshape(-1)).cast("B"), size=full,
+                                                 real=self._real(), what=what)
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: {path} is missing; the checkpoint is incomplete - load an older checkpoint"
-            ) from None
+            raise _missing(what, path) from None
         if size != full or got != out.nbytes:
             raise TruncatedDataError(
                 f"{what}: {path} is shorter or longer than the manifest says ({size} bytes, expected {full}); "
@@ -472,10 +475,7 @@ class Storage:
         try:
             data = self.fs.cat_file(self.path(rel, name), start=0, end=limit + 1)
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: file {self.display(rel, name)} is missing; the checkpoint is incomplete - "
-                "load an older checkpoint"
-            ) from None
+            raise _missing(what, f"file {self.display(rel, name)}") from None
         if len(data) > limit:
             raise TruncatedDataError(
                 f"{what}: {self.display(rel, name)} is longer than the manifest says (more than {limit} bytes); "
@@ -494,10 +494,12 @@ class Storage:
 def _read_error(err: ValueError, what: str, where: str) -> Exception:
     text = str(err)
     if text.startswith("NOT_FOUND"):
-        return IncompleteCheckpointError(
-            f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-        )
+        return _missing(what, where)
     return TruncatedDataError(
         f"{what}: {where} is shorter or longer than the manifest says ({text.split('[')[0].strip()}); "
         "the file is damaged - restore it from a replica or load an older checkpoint"
     )
+
+
+def _missing(what: str, where: str) -> IncompleteCheckpointError:
+    return IncompleteCheckpointError(f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint")

@@ -130,3 +130,22 @@ def test_what_a_ucp_save_left_is_still_an_uncommitted_save(tmp_path, capsys):
     staging.mkdir()  # a killed save of `d` that never reached its rename
     with pytest.raises(ucp.IncompleteCheckpointError, match="a save was started but never committed"):
         ucp.load(tmp_path / "d")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("foo://x", "cannot open foo://x: Protocol not known: foo; give a local path or an fsspec URL whose backend is "
+                "installed (memory://, file://, s3:// with s3fs, ...)"),
+    ("", "'' is not a checkpoint path; give a directory or an fsspec URL"),
+    ("a\0b", "'a\\x00b' is not a checkpoint path; give a directory or an fsspec URL"),
+])
+def test_a_url_no_backend_opens_is_a_clear_error(url, message, capsys):
+    for call in (ucp.load, ucp.verify, ucp.describe):
+        with pytest.raises(ucp.StorageURLError) as err:
+            call(url)
+        assert str(err.value) == message and isinstance(err.value, ValueError)
+    with pytest.raises(ucp.StorageURLError):
+        ucp.save({"w": torch.ones(1)}, url)
+    assert ucp_main(["inspect", url]) == 2
+    assert capsys.readouterr().err.strip() == f"ucp inspect: error: {message}"
+    assert ucp_main(["verify", url, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"] == "StorageURLError"
