@@ -23,8 +23,8 @@ import torch
 from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
-from ucp.errors import ChecksumError, ManifestError
-from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_shape
+from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMismatchError
+from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_pieces, region_shape
 from ucp.manifest import Fragment, Manifest, TensorEntry
 from ucp.spec import LogicalTensor
 from ucp.storage import SMALL_ARRAY_BYTES, Storage, chunk_count
@@ -59,6 +59,20 @@ def _assign(target: torch.Tensor, source: np.ndarray, dtype: str) -> None:
         np.copyto(to_numpy(target), source)
     else:
         target.copy_(from_numpy(source, dtype))
+
+
+def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tensor) -> None:
+    """A region inside the tensor, and a destination of the region's storage shape and the tensor's dtype."""
+    try:
+        region_pieces(region, entry.shape)
+    except ValueError:
+        raise ShapeMismatchError(f"cannot read {region} of tensor {name!r}: it does not fit its shape "
+                                 f"{list(entry.shape)}") from None
+    if tuple(dest.shape) != region_shape(region) or dest.dtype != torch_dtype(entry.dtype):
+        raise ShapeMismatchError(
+            f"cannot read {region} of tensor {name!r} into a {str(dest.dtype).removeprefix('torch.')}"
+            f"{list(dest.shape)} tensor; it needs {entry.dtype}{list(region_shape(region))}"
+        )
 
 
 def _cache_key(frag: Fragment, index: int) -> tuple[str, int]:
@@ -100,10 +114,15 @@ class CheckpointReader:
         return {n: LogicalTensor(n, t.shape, t.dtype) for n, t in self.manifest.tensors.items()}
 
     def entry(self, name: str) -> TensorEntry:
+        """The manifest entry of logical tensor ``name`` (KeyMismatchError naming some that exist)."""
         try:
             return self.manifest.tensors[name]
         except KeyError:
-            raise KeyError(f"no logical tensor {name!r} in {self.path}") from None
+            known = sorted(self.manifest.tensors)
+            shown = ", ".join(map(repr, known[:10])) + (", ..." if len(known) > 10 else "")
+            raise KeyMismatchError(
+                f"no logical tensor {name!r} in {self.path}; it has {len(known)}: {shown or 'none'}"
+            ) from None
 
     # -- public reads ----------------------------------------------------------
     def read_tensor(self, name: str, region: Region | None = None) -> torch.Tensor:
@@ -120,6 +139,7 @@ class CheckpointReader:
     def read_into(self, name: str, region: Region, dest: torch.Tensor) -> None:
         """Fill ``dest`` (shaped like the region's storage: box sizes, or 1-d) with ``region`` of ``name``."""
         entry = self.entry(name)
+        _check_read(name, entry, region, dest)
         frags = entry.fragments
         dest_flat = dest.view(-1) if isinstance(region, FlatRange) else None
         for op in plan_overlaps([f.region for f in frags], region, entry.shape):
