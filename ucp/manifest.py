@@ -21,8 +21,8 @@ from typing import Any
 from ucp.checksum import SUPPORTED as CHECKSUM_ALGORITHMS
 from ucp.dtypes import UnsupportedDtypeError, torch_dtype
 from ucp.errors import FormatVersionError, ManifestError
-from ucp.geometry import Box, Region, overlapping_regions, region_from_dict, region_to_dict, tiles_exactly
 from ucp.fragment_checks import check_fragment
+from ucp.geometry import Box, Region, overlapping_regions, region_from_dict, region_to_dict, tiles_exactly
 from ucp.state_schema import check_state_tree
 
 FORMAT_VERSION = 1
@@ -228,7 +228,7 @@ class Manifest:
             layout=layout,
             program=data.get("program"),
             created=data.get("created"),
-            producer=str(data.get("producer", "")),
+            producer=data.get("producer") or "",
             extra=dict(extra),
         )
 

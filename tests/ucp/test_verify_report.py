@@ -146,3 +146,19 @@ def test_an_unreadable_manifest_is_a_report_too(checkpoint, capsys):
                    "damaged - load an older checkpoint"}]
     assert ucp_main(["verify", str(checkpoint)]) == 1
     assert "(manifest)" in capsys.readouterr().out
+
+
+def test_verify_checks_fsspec_stores_too(tmp_path, monkeypatch, capsys):
+    import fsspec
+
+    url = f"memory://verify-{tmp_path.name}/c"
+    ucp.save(STATE, url)
+    assert ucp.verify(url).ok
+    fs = fsspec.filesystem("memory")
+    root = f"/verify-{tmp_path.name}/c"
+    key = json.loads(fs.cat_file(f"{root}/manifest.json"))["tensors"]["a"]["fragments"][0]["key"]
+    fs.rm(f"{root}/data/{key}/zarr.json")
+    report = ucp.verify(url)
+    assert [(p.tensor, p.kind) for p in report.problems] == [("a", "IncompleteCheckpointError")]
+    assert report.problems[0].message.endswith("is missing; a zarr reader cannot open the array - restore it from "
+                                               "a replica or load an older checkpoint")
