@@ -51,16 +51,38 @@ def open_inside(root: str, rel: str, *, real: str | None = None, what: str | Non
     """
     lead = f"{what}: " if what else ""
     path = os.path.join(root, rel)
+    fd, info = _open_regular(path, lead, "the checkpoint is damaged (restore the file or load an older checkpoint)")
+    try:
+        _check_inside(fd, path, real if real is not None else real_root(root), lead)
+        return fd, info
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike, *, limit: int, what: str = "the file") -> bytes:
+    """A small file a user names (a report, a state file): regular, at most ``limit`` bytes, never blocking.
+
+    The same refusals as for checkpoint files, without a root: a FIFO, a device or a
+    directory, or a file larger than ``limit`` (``what`` names it in the message).
+    """
+    path = os.fspath(path)
+    fd, info = _open_regular(path, "", f"give the path of {what}")
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        if info.st_size > limit:
+            raise UnsafePathError(f"{path} holds {info.st_size} bytes, more than the {limit} that {what} may hold; "
+                                  "refusing to read it")
+        return fh.read(limit + 1)[:limit]
+
+
+def _open_regular(path: str, lead: str, advice: str) -> tuple[int, os.stat_result]:
+    """Open read-only without blocking (O_NONBLOCK: a FIFO opens at once) and refuse all but regular files."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
-            raise UnsafePathError(
-                f"{lead}{path} is {kind}, not a regular file; refusing to read it - the checkpoint is damaged "
-                "(restore the file or load an older checkpoint)"
-            )
-        _check_inside(fd, path, real if real is not None else real_root(root), lead)
+            raise UnsafePathError(f"{lead}{path} is {kind}, not a regular file; refusing to read it - {advice}")
         return fd, info
     except BaseException:
         os.close(fd)

@@ -136,3 +136,37 @@ def test_job_inputs_are_checked_in_the_library(inputs, message):
     with pytest.raises(ETTRInputError) as err:
         job_from_inputs(**inputs)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("kind", ["binary", "fifo", "directory"])
+def test_a_logs_report_that_is_not_json_text_is_exit_2_without_blocking(capsys, tmp_path, kind):
+    import os
+    import threading
+
+    report = tmp_path / "report.json"
+    if kind == "binary":
+        report.write_bytes(b"\xff\xfe\x00garbage")
+    elif kind == "fifo":
+        os.mkfifo(report)
+    else:
+        report.mkdir()
+    codes: list = []
+    thread = threading.Thread(target=lambda: codes.append(main(["ettr", "--nodes", "8", "--from-logs", str(report)])),
+                              daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        os.close(os.open(report, os.O_WRONLY | os.O_NONBLOCK))
+    assert codes == [2]
+    err = capsys.readouterr().err
+    assert err.startswith(f"ucp ettr: error: {report}: not a readable JSON logs report: ")
+    if kind != "binary":
+        assert f"is {'a FIFO' if kind == 'fifo' else 'a directory'}, not a regular file" in err
+
+
+def test_a_tracker_state_that_is_not_json_text_is_a_tracker_state_error(tmp_path):
+    from reliability.ettr import TrackerStateError, read_summary
+
+    (tmp_path / "ettr.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TrackerStateError, match=r"ettr.json: cannot read tracker state: .* codec can't decode"):
+        read_summary(tmp_path)
