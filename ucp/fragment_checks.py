@@ -19,12 +19,11 @@ that fails it is examined again, to say what is wrong::
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TYPE_CHECKING
 
 from ucp.errors import ManifestError
-from ucp.geometry import Box
+from ucp.geometry import Box, box_fits, region_fits
 
 if TYPE_CHECKING:
     from ucp.manifest import Fragment
@@ -50,8 +49,7 @@ def check_fragment(name: str, frag: Fragment, shape: tuple[int, ...], numel: int
     chunks = 0 if region.numel == 0 else -(-rows // frag.chunk_rows) if frag.chunk_rows else -1
     fine = (_SAFE_KEY.match(frag.key) and "/./" not in f"/{frag.key}/" and "/../" not in f"/{frag.key}/"
             and frag.rank < world_size
-            and (len(region.sizes) == len(shape) and all(o + s <= n for o, s, n in zip(region.offsets, region.sizes, shape))
-                 if is_box else region.stop <= numel)
+            and (box_fits(region, shape) if is_box else region.stop <= numel)
             and frag.nbytes == region.numel * itemsize
             and 1 <= frag.chunk_rows <= max(1, rows)
             and chunks <= max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES)
@@ -69,10 +67,7 @@ def _raise_fragment_problem(name: str, frag: Fragment, shape: tuple[int, ...], i
         raise ManifestError(f"{where}: a fragment key must be a relative path of plain names under data/")
     if frag.rank >= world_size:
         raise ManifestError(f"{where}: rank {frag.rank} is not below world_size {world_size}")
-    fits = (len(frag.region.sizes) == len(shape) and all(o + s <= n for o, s, n in zip(frag.region.offsets,
-                                                                                        frag.region.sizes, shape))
-            if isinstance(frag.region, Box) else frag.region.stop <= math.prod(shape))
-    if not fits:
+    if not region_fits(frag.region, shape):
         kind = "box" if isinstance(frag.region, Box) else "flat range"
         raise ManifestError(
             f"{where}: region does not fit shape {list(shape)} ({kind} {frag.region} does not fit in shape {shape})"

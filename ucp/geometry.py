@@ -260,10 +260,24 @@ class Piece:
     span: FlatRange | None
 
 
+def box_fits(box: Box, shape: Sequence[int]) -> bool:
+    """Whether ``box`` lies inside a ``shape`` tensor (same rank, every stop within its dim)."""
+    return len(box.sizes) == len(shape) and all(o + s <= n for o, s, n in zip(box.offsets, box.sizes, shape))
+
+
+def region_fits(region: Region, shape: Sequence[int]) -> bool:
+    """Whether ``region`` lies inside a ``shape`` tensor.
+
+    >>> region_fits(Box((1, 0), (2, 4)), (3, 4)), region_fits(FlatRange(6, 13), (3, 4))
+    (True, False)
+    """
+    return box_fits(region, shape) if isinstance(region, Box) else region.stop <= math.prod(shape)
+
+
 def region_pieces(region: Region, shape: Sequence[int]) -> list[Piece]:
     """Decompose a region of a ``shape`` tensor into pieces (see :class:`Piece`)."""
     if isinstance(region, Box):
-        if len(region.offsets) != len(shape) or not Box.full(shape).contains(region):
+        if not box_fits(region, shape):
             raise ValueError(f"box {region} does not fit in shape {tuple(shape)}")
         return [] if region.is_empty() else [Piece(region, None)]
     pieces = []

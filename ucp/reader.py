@@ -24,7 +24,7 @@ from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
 from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMismatchError
-from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_pieces, region_shape
+from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_fits, region_shape
 from ucp.manifest import Fragment, Manifest, TensorEntry
 from ucp.spec import LogicalTensor
 from ucp.storage import SMALL_ARRAY_BYTES, Storage, chunk_count
@@ -63,11 +63,9 @@ def _assign(target: torch.Tensor, source: np.ndarray, dtype: str) -> None:
 
 def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tensor) -> None:
     """A region inside the tensor, and a destination of the region's storage shape and the tensor's dtype."""
-    try:
-        region_pieces(region, entry.shape)
-    except ValueError:
+    if not region_fits(region, entry.shape):
         raise ShapeMismatchError(f"cannot read {region} of tensor {name!r}: it does not fit its shape "
-                                 f"{list(entry.shape)}") from None
+                                 f"{list(entry.shape)}")
     if tuple(dest.shape) != region_shape(region) or dest.dtype != torch_dtype(entry.dtype):
         raise ShapeMismatchError(
             f"cannot read {region} of tensor {name!r} into a {str(dest.dtype).removeprefix('torch.')}"
