@@ -29,8 +29,9 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DATA_DIR = "data"
 
-# A manifest larger than this is refused before it is read (10^6 fragments take ~300 MB).
-MAX_MANIFEST_BYTES = 1 << 30
+# A manifest larger than this is refused before it is read. 10^6 fragments take ~160 MB of JSON;
+# parsed, JSON costs up to ~20x its size in Python objects, so the limit also bounds that.
+MAX_MANIFEST_BYTES = 512 << 20
 # Integers in a manifest (sizes, offsets, byte counts) fit in a signed 64-bit integer.
 MAX_INT = (1 << 63) - 1
 
