@@ -386,4 +386,5 @@ def read_manifest(storage: Storage, *, problems: list | None = None) -> Manifest
 
     data = storage.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
                              allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
-    return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), problems=problems)
+    return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), checkpoint=storage.display(),
+                              problems=problems)

@@ -172,24 +172,27 @@ class Manifest:
     def to_json(self) -> str:
         """The manifest's JSON; refuses (ManifestError) a state tree that no reader would load back."""
         for rank, tree in sorted(self.states.items()):
-            check_state_tree(tree, where=f"the state of rank {rank}")
+            check_state_tree(tree, where=f"state tree of rank {rank}")
         # Compact: the C encoder is ~10x faster than an indented dump on manifests of 10^4 tensors.
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = "manifest.json",
+    def from_json(cls, text: str | bytes, *, source: str = "manifest.json", checkpoint: str | None = None,
                   problems: list[tuple[str, ManifestError]] | None = None) -> "Manifest":
         """Parse and check a manifest (see :meth:`from_dict`)."""
-        return cls.from_dict(parse_json(text, source=source), source=source, problems=problems)
+        return cls.from_dict(parse_json(text, source=source), source=source, checkpoint=checkpoint,
+                             problems=problems)
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "manifest.json",
+    def from_dict(cls, data: Any, *, source: str = "manifest.json", checkpoint: str | None = None,
                   problems: list[tuple[str, ManifestError]] | None = None) -> "Manifest":
         """Check everything a loader relies on and build the manifest; ManifestError names the field.
 
-        With ``problems`` (a list), a damaged tensor entry or state tree is recorded there as
-        ``(what, error)`` and left out instead of raising, so ``ucp verify`` can report every
-        problem; damage to the top-level fields still raises.
+        ``source`` (the manifest file) starts messages; a state tree's name ``checkpoint``
+        (the directory), as a load names it. With ``problems`` (a list), a damaged tensor
+        entry or state tree is recorded there as ``(what, error)`` and left out instead of
+        raising, so ``ucp verify`` can report every problem; damage to the top-level fields
+        still raises.
         """
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: expected a JSON object at the top level")
@@ -223,7 +226,8 @@ class Manifest:
                 problems.append((name, err))
         return cls(
             tensors=tensors,
-            states=_resolve_states(_field(data, "states", source), source, world_size, problems),
+            states=_resolve_states(_field(data, "states", source), source, world_size, problems,
+                                   checkpoint=checkpoint or source),
             world_size=world_size,
             checksum_algorithm=algorithm,
             layout=layout,
@@ -407,8 +411,8 @@ def _dedupe_states(states: dict[int, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve_states(data: Any, source: str, world_size: int,
-                    problems: list[tuple[str, ManifestError]] | None = None) -> dict[int, Any]:
+def _resolve_states(data: Any, source: str, world_size: int, problems: list[tuple[str, ManifestError]] | None,
+                    *, checkpoint: str) -> dict[int, Any]:
     """Rank -> state tree, ``$same_as`` references resolved, each tree checked (state_schema)."""
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: field 'states' must be an object, got {_type(data)}")
@@ -427,7 +431,7 @@ def _resolve_states(data: Any, source: str, world_size: int,
             states[rank] = states[other]
             continue
         try:
-            check_state_tree(tree, where=f"{source}: states[{rank}]")
+            check_state_tree(tree, where=f"state tree of {checkpoint}" + (f" (rank {rank})" if rank else ""))
         except ManifestError as err:
             if problems is None:
                 raise

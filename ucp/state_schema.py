@@ -1,17 +1,20 @@
 """The rules a state tree in a manifest must follow (docs/FORMAT.md, section 5), checked without recursion.
 
 A state tree is JSON with a few tagged objects (``{"$tensor": key}``,
-``{"$tuple": [...]}``, ...). The loader rebuilds Python values from it
-recursively, so a tree that nests deeper than :data:`MAX_STATE_DEPTH`, or a
-tag whose body has the wrong type, would fail deep inside a load. Checking the
-tree when the manifest is read (and before it is written) turns both into a
-:class:`~ucp.errors.ManifestError` that names the place::
+``{"$tuple": [...]}``, ...) that :func:`ucp.state.unflatten_state` rebuilds into
+Python values. Checking every tree when the manifest is read (and before one is
+written) finds a malformed tag or a tree nested too deep before any tensor is
+read, for ``ucp.load``, ``ucp inspect`` and ``ucp verify`` alike, in the words the
+loader uses (``where`` starts them)::
 
-    >>> check_state_tree({"step": 3, "t": {"$tensor": "w"}}, where="states[0]")
-    >>> check_state_tree({"x": {"$tuple": 5}}, where="states[0]")
+    >>> check_state_tree({"step": 3, "t": {"$tensor": "w"}}, where="state tree of ckpt")
+    >>> check_state_tree({"x": {"$tuple": 5}}, where="state tree of ckpt")
     Traceback (most recent call last):
     ...
-    ucp.errors.ManifestError: states[0] at 'x': tag $tuple needs a list, got int
+    ucp.errors.ManifestError: state tree of ckpt: bad $tuple at 'x': expected a list
+
+The body of ``$object`` is only checked to be a string here: whether it is a
+pickle the restricted unpickler accepts is for a load with ``allow_objects``.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 from ucp.errors import ManifestError
+from ucp.state import MAX_DEPTH
 
-# Far beyond any real training state (optimizer states nest ~5 levels), and far enough
-# below Python's recursion limit that the loader's recursive rebuild never reaches it.
-MAX_STATE_DEPTH = 100
+# The depth ucp.state's save and load allow (far beyond any real training state, far enough below
+# Python's recursion limit that the loader's recursive rebuild never reaches it): one limit for all.
+MAX_STATE_DEPTH = MAX_DEPTH
 
 # Tag -> the JSON type its body must have.
 _TAG_BODIES: dict[str, type] = {"$tensor": str, "$tuple": list, "$dict": list, "$float": str, "$object": str}
@@ -41,24 +45,20 @@ def check_state_tree(tree: Any, *, where: str) -> None:
     """
     level, depth = ([tree] if type(tree) in _CONTAINERS else []), 0
     while level:
-        if depth > MAX_STATE_DEPTH:
-            _raise_first_problem(tree, where)
         below: list = []
         for node in level:
             if type(node) is list:
-                below.extend(value for value in node if type(value) in _CONTAINERS)
-                continue
-            if len(node) == 1:
-                tag = next(iter(node))
-                if isinstance(tag, str) and tag.startswith("$"):
-                    body = node[tag]
-                    if _TAG_BODIES.get(tag) is not type(body) or not _plain_tag_body(tag, body):
-                        _raise_first_problem(tree, where)
-                    if tag in ("$tuple", "$dict"):
-                        below.extend(v for v in (body if tag == "$tuple" else (i[1] for i in body))
-                                     if type(v) in _CONTAINERS)
-                    continue
-            below.extend(value for value in node.values() if type(value) in _CONTAINERS)
+                children = node
+            elif len(node) == 1 and isinstance(tag := next(iter(node)), str) and tag.startswith("$"):
+                body = node[tag]
+                if _TAG_BODIES.get(tag) is not type(body) or not _plain_tag_body(tag, body):
+                    _raise_first_problem(tree, where)
+                children = body if tag == "$tuple" else [i[1] for i in body] if tag == "$dict" else ()
+            else:
+                children = node.values()
+            if depth == MAX_STATE_DEPTH and children:  # a value one level too deep, of any type
+                _raise_first_problem(tree, where)
+            below.extend(value for value in children if type(value) in _CONTAINERS)
         level, depth = below, depth + 1
 
 
@@ -77,10 +77,8 @@ def _raise_first_problem(tree: Any, where: str) -> None:
     while stack:
         node, depth, trail = stack.pop()
         if depth > MAX_STATE_DEPTH:
-            raise ManifestError(
-                f"{where} at {_show(trail, limit=8)}: the state tree nests deeper than {MAX_STATE_DEPTH} levels; "
-                "flatten that part of the state"
-            )
+            raise ManifestError(f"{where}: nested deeper than {MAX_STATE_DEPTH} levels at {_show(trail)}; "
+                                "flatten that part of the state")
         if isinstance(node, list):
             items = enumerate(node)
         elif isinstance(node, dict):
@@ -89,43 +87,41 @@ def _raise_first_problem(tree: Any, where: str) -> None:
             items = node.items() if plain else _tag_children(tag, node[tag], trail, where)
         else:
             continue
-        stack.extend((value, depth + 1, (key, trail)) for key, value in items if type(value) in _CONTAINERS)
+        stack.extend((value, depth + 1, (key, trail)) for key, value in items)
     raise AssertionError("check_state_tree found a problem that the second walk did not")  # an internal invariant
 
 
 def _tag_children(tag: str, body: Any, trail: Any, where: str) -> list[tuple[Any, Any]]:
+    at = f"at {_show(trail)}"
     wanted = _TAG_BODIES.get(tag)
     if wanted is None:
-        raise ManifestError(
-            f"{where} at {_show(trail)}: unknown tag {tag[:40]!r} (known: {', '.join(_TAG_BODIES)}); "
-            "the checkpoint was written by a newer ucp-middleware or is damaged"
-        )
-    if not isinstance(body, wanted):
-        raise ManifestError(f"{where} at {_show(trail)}: tag {tag} needs a {wanted.__name__}, got {type(body).__name__}")
+        raise ManifestError(f"{where}: unknown tag {_short(tag)} {at} (a newer format?)")
     if tag == "$float" and body not in _NON_FINITE:
-        raise ManifestError(f"{where} at {_show(trail)}: tag $float must be one of {list(_NON_FINITE)}, got {body[:40]!r}")
+        raise ManifestError(f"{where}: bad {_short({tag: body})} {at}: expected \"nan\", \"inf\" or \"-inf\"")
+    if tag == "$dict" and not (isinstance(body, list) and all(
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], _KEY_TYPES) for item in body)):
+        raise ManifestError(f"{where}: bad $dict {at}: expected a list of [key, value] pairs")
+    if not isinstance(body, wanted):
+        expected = {"$tensor": "expected a tensor key (a string)", "$tuple": "expected a list",
+                    "$object": "not base64 of a pickle"}[tag]
+        raise ManifestError(f"{where}: bad {tag} {at}: {expected}")
     if tag == "$tuple":
         return list(enumerate(body))
     if tag == "$dict":
-        for i, item in enumerate(body):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], _KEY_TYPES)):
-                raise ManifestError(
-                    f"{where} at {_show((i, trail))}: each item of a $dict must be [key, value] with a "
-                    "str, number, bool or null key"
-                )
         return [(item[0], item[1]) for item in body]
     return []
 
 
-def _show(trail: Any, *, limit: int | None = None) -> str:
-    """The ``/``-joined path of a place (its first ``limit`` parts), quoted; ``<root>`` for the root."""
+def _show(trail: Any) -> str:
+    """The ``/``-joined path of a place, quoted (cut at 60 characters; ``<root>`` for the root)."""
     parts = []
     while trail is not None:
         key, trail = trail
-        parts.append(str(key)[:40])
-    parts.reverse()
-    if not parts:
-        return "<root>"
-    if limit is not None and len(parts) > limit:
-        return repr("/".join(parts[:limit]) + "/...")
-    return repr("/".join(parts))
+        parts.append(str(key)[:60])
+    text = "/".join(reversed(parts)) or "<root>"
+    return repr(text if len(text) <= 60 else text[:60] + "...")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -63,19 +63,17 @@ def test_edited_chunk_rows_fail_load_and_verify_alike(checkpoint, capsys):
 
 
 @pytest.mark.parametrize("tree, message", [
-    ({"x": {"$tuple": 5}}, "states[0] at 'x': tag $tuple needs a list, got int"),
-    ({"x": {"$dict": [[1]]}}, "states[0] at 'x/0': each item of a $dict must be [key, value] with a str, number, "
-                              "bool or null key"),
-    ({"x": [{"$float": "1.5"}]}, "states[0] at 'x/0': tag $float must be one of ['nan', 'inf', '-inf'], got '1.5'"),
-    ({"x": {"$tensor": 3}}, "states[0] at 'x': tag $tensor needs a str, got int"),
-    ({"x": {"$pickle": "gASV"}}, "states[0] at 'x': unknown tag '$pickle' (known: $tensor, $tuple, $dict, $float, "
-                                 "$object); the checkpoint was written by a newer ucp-middleware or is damaged"),
-    ({"x": json.loads("[" * 900 + "]" * 900)}, "states[0] at 'x/0/0/0/0/0/0/0/...': the state tree nests deeper "
-                                               "than 100 levels; flatten that part of the state"),
+    ({"x": {"$tuple": 5}}, "bad $tuple at 'x': expected a list"),
+    ({"x": {"$dict": [[1]]}}, "bad $dict at 'x': expected a list of [key, value] pairs"),
+    ({"x": [{"$float": "1.5"}]}, "bad {'$float': '1.5'} at 'x/0': expected \"nan\", \"inf\" or \"-inf\""),
+    ({"x": {"$tensor": 3}}, "bad $tensor at 'x': expected a tensor key (a string)"),
+    ({"x": {"$pickle": "gASV"}}, "unknown tag '$pickle' at 'x' (a newer format?)"),
+    ({"x": json.loads("[" * 900 + "]" * 900)}, "nested deeper than 256 levels at "
+                                               f"'x/{'0/' * 29}...'; flatten that part of the state"),
 ], ids=["tuple-int", "dict-item", "float-text", "tensor-int", "unknown-tag", "900-deep"])
 def test_a_bad_state_tree_fails_load_and_verify_alike(checkpoint, capsys, tree, message):
     _edit(checkpoint, lambda m: m["states"].update({"0": tree}))
-    message = f"{checkpoint / 'manifest.json'}: {message}"
+    message = f"state tree of {checkpoint}: {message}"
     with pytest.raises(ucp.ManifestError) as err:
         ucp.load(checkpoint)
     assert str(err.value) == message
@@ -87,11 +85,19 @@ def test_a_bad_state_tree_fails_load_and_verify_alike(checkpoint, capsys, tree, 
 
 def test_a_deep_state_tree_is_refused_at_save(tmp_path):
     deep: list = []
-    for _ in range(150):
+    for _ in range(300):
         deep = [deep]
-    with pytest.raises(ucp.ManifestError, match="the state tree nests deeper than 100 levels"):
+    with pytest.raises(ucp.UcpError, match="deeper than 256 levels"):
         ucp.save({"w": torch.ones(1), "deep": deep}, tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_the_manifest_writer_refuses_a_tree_no_reader_loads():
+    from ucp.manifest import Manifest
+
+    with pytest.raises(ucp.ManifestError) as err:
+        Manifest(tensors={}, states={0: {"x": {"$tuple": 3}}}).to_json()
+    assert str(err.value) == "state tree of rank 0: bad $tuple at 'x': expected a list"
 
 
 def test_zarr_json_is_checked_against_the_manifest(checkpoint, capsys):
