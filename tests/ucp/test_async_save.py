@@ -271,7 +271,7 @@ def test_async_save_with_a_ucl_program_equals_the_sync_save(tmp_path: Path) -> N
     manifests = [json.loads(f.pop("manifest.json")) for f in (sync_files, async_files)]
     for m in manifests:
         m.pop("created")
-    assert manifests[0] == manifests[1] and manifests[0]["program"] == UCL
+    assert manifests[0] == manifests[1] and manifests[0]["program"]["text"] == UCL
     assert sync_files == async_files
     out = ucp.load(tmp_path / "async", program=UCL, layout="tp=4", rank=3)
     assert torch.equal(out["w"], full_w[6:8]) and out["step"] == 9
