@@ -12,7 +12,8 @@ What is checked, so that a checkpoint ``verify`` passes is one ``ucp.load`` read
 * the manifest: every field a reader relies on (``Manifest.from_dict``: types,
   ranges, fragments that tile each tensor exactly once, chunking, checksum
   counts) and every state tree (tags, depth). A damaged tensor entry or state
-  tree is one problem; the rest is still checked;
+  tree is one problem; the rest is still checked. A recorded UCL program must
+  parse and bind (a load under another layout compiles it);
 * each array's ``zarr.json``: present, a regular file inside the checkpoint, and
   describing the array the manifest points at (shape, data type, chunk grid,
   chunk keys, codecs), since docs/FORMAT.md promises any zarr v3 reader opens it;
@@ -35,7 +36,7 @@ from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import storage_dtype
 from ucp.errors import ManifestError, UcpError
 from ucp.geometry import region_shape
-from ucp.manifest import MANIFEST_NAME, Fragment, TensorEntry
+from ucp.manifest import MANIFEST_NAME, Fragment, Manifest, TensorEntry
 from ucp.reader import CheckpointReader
 from ucp.storage import Storage
 from ucp.zarr_array import ZARR_JSON_LIMIT, chunk_key, metadata_problems, parse_metadata
@@ -80,6 +81,7 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
         problem = Problem("", manifest_file, type(err).__name__, str(err))
         return VerifyReport(path, False, 0, 0, 0, False, (problem,))
     problems = [Problem(what, manifest_file, type(err).__name__, str(err)) for what, err in collected]
+    problems.extend(_program_problems(manifest, manifest_file))
     reader = CheckpointReader(path, verify=True, opened=(storage, manifest))
     fragments = checked = 0
     packs: set[str] = set()
@@ -114,6 +116,20 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
         checksums=reader.verify,
         problems=tuple(problems),
     )
+
+
+def _program_problems(manifest: Manifest, manifest_file: str) -> list[Problem]:
+    """The recorded UCL program must parse and bind: a load under another layout compiles it."""
+    if manifest.program is None:
+        return []
+    from ucl.bind import load_program
+
+    try:
+        load_program(manifest.program)
+    except UcpError as err:
+        return [Problem("program", manifest_file, type(err).__name__,
+                        f"{manifest_file}: the recorded UCL program cannot be used to load under another layout: {err}")]
+    return []
 
 
 def _array_problems(storage: Storage, reader: CheckpointReader, entry: TensorEntry,

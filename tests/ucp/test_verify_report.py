@@ -168,3 +168,19 @@ def test_verify_checks_fsspec_stores_too(tmp_path, monkeypatch, capsys):
     assert [(p.tensor, p.kind) for p in report.problems] == [("a", "IncompleteCheckpointError")]
     assert report.problems[0].message.endswith("is missing; a zarr reader cannot open the array - restore it from "
                                                "a replica or load an older checkpoint")
+
+
+def test_a_recorded_program_that_parses_verifies(tmp_path):
+    program = "ucl 1\ntensor params/0 -> a\ntensor params/1 -> b\n"
+    ucp.save({"params": [torch.arange(3.0), torch.arange(4.0)], "step": 2}, tmp_path / "c", program=program,
+             layout="dp=1")
+    assert ucp.verify(tmp_path / "c").ok
+
+
+def test_a_recorded_program_that_does_not_parse_is_a_problem(checkpoint, capsys):
+    _edit(checkpoint, lambda m: m.update(program={"text": "ucl 1\nthis is not ucl\n", "params": {}, "name": "m.ucl",
+                                                  "preset": None}))
+    report = _report(checkpoint, capsys)
+    assert [(p["tensor"], p["kind"]) for p in report["problems"]] == [("program", "UclSyntaxError")]
+    assert report["problems"][0]["message"].startswith(
+        f"{checkpoint / 'manifest.json'}: the recorded UCL program cannot be used to load under another layout: ")
