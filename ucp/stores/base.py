@@ -22,11 +22,11 @@ import fsspec
 import numpy as np
 import tensorstore as ts
 
+from ucp.file_io import hexdigests
 from ucp.manifest import DATA_DIR, MANIFEST_NAME
 from ucp.stores import errors
 from ucp.stores.occupancy import PARTS_DIR
 from ucp.stores.options import DEFAULT_OPTIONS, StoreOptions
-from ucp.file_io import hexdigests
 from ucp.zarr_array import chunk_count, chunk_key
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ucp import confined
 from ucp.atomic_rename import rename_noreplace
-from ucp.errors import CheckpointExistsError, TensorTooLargeError, UnsafePathError  # noqa: F401 - UnsafePathError: documented
+from ucp.errors import CheckpointExistsError, TensorTooLargeError
 from ucp.file_io import fsync_path, little_endian, write_all
 from ucp.manifest import MANIFEST_NAME
 from ucp.stores import errors

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from fsspec.implementations.local import LocalFileSystem
+
 from ucp.errors import InvalidArgumentError, StorageURLError
 from ucp.stores.fsspec_store import FsspecStore
 from ucp.stores.local import LocalStore
@@ -50,6 +52,6 @@ def open_store(url: str | os.PathLike, *, storage_options: dict | None = None,
     if factory is not None:
         return factory(url, storage_options=storage_options, options=options)
     store = FsspecStore(url, storage_options=storage_options, options=options)
-    if store.fs.protocol in ("file", "local") or "file" in (store.fs.protocol or ()):
-        return LocalStore(store.root, options=options)  # e.g. a chained URL that ends on the local disk
+    if isinstance(store.fs, LocalFileSystem):
+        return LocalStore(store.root, options=options)  # e.g. file:// with options: still the local disk
     return store
