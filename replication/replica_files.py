@@ -49,11 +49,11 @@ def array_tensors(manifest: Manifest) -> dict[str, list[str]]:
     return names
 
 
-def split_blob(record: ArrayRecord, blob: bytes) -> list[tuple[str, bytes]]:
+def split_blob(record: ArrayRecord, blob: bytes) -> list[tuple[str, memoryview]]:
     """The files of a blob, by the record's sizes."""
-    out, at = [], 0
+    out, at, view = [], 0, memoryview(blob)
     for f in record.files:
-        out.append((f.name, blob[at:at + f.size]))
+        out.append((f.name, view[at:at + f.size]))  # views: a large chunk is not copied
         at += f.size
     return out
 
@@ -103,7 +103,8 @@ class CheckpointFiles:
     def read_array(self, key: str, *, owner: int) -> tuple[ArrayRecord, bytes]:
         """The array ``data/<key>/`` as a record (sizes, digests) and its blob."""
         folder = self._path(DATA_DIR, key)
-        names = sorted(posixpath.basename(p) for p in self.fs.ls(folder, detail=False))
+        names = sorted(n for n in (posixpath.basename(p) for p in self.fs.ls(folder, detail=False))
+                       if not n.startswith("."))  # a temporary file of an interrupted write is not the array
         names.sort(key=lambda n: n != "zarr.json")  # metadata first, then chunks in name order
         parts = [self.fs.cat_file(posixpath.join(folder, n)) for n in names]
         files = tuple(FileRecord(n, len(b), digest(b)) for n, b in zip(names, parts))

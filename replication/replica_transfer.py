@@ -20,6 +20,7 @@ Example (every rank runs it)::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -67,12 +68,27 @@ def _device(group) -> torch.device:
 
 def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes],
              deliver: Callable[[Transfer, bytes], None], group=None, round_bytes: int = ROUND_BYTES,
-             device: torch.device | None = None) -> None:
+             device: torch.device | None = None) -> list[str]:
     """Run ``transfers`` collectively: sources ``load`` blobs, destinations get ``deliver(transfer, blob)``.
 
-    ``deliver`` is called after a round's communication has finished, so an exception in it
-    leaves no peer waiting; the caller agrees on failures afterwards.
+    Returns this rank's failures to load (a source that cannot read a blob sends zeros of
+    the planned length, which fail the receiver's checksum, and keeps going), so no peer is
+    left waiting. ``deliver`` is called after a round's communication has finished, for the
+    same reason; the caller agrees on failures afterwards.
     """
+    errors: list[str] = []
+
+    def loaded(t: Transfer) -> bytes:
+        try:
+            blob = load(t)
+        except Exception as err:  # noqa: BLE001 - reported to the caller, never left hanging in a peer
+            errors.append(f"cannot read array {t.key!r} to send it to rank {t.dest}: {type(err).__name__}: {err}")
+            return bytes(t.nbytes)
+        if len(blob) != t.nbytes:
+            errors.append(f"array {t.key!r}: {len(blob)} bytes to send, the plan says {t.nbytes}")
+            return bytes(t.nbytes)
+        return blob
+
     if not (dist.is_available() and dist.is_initialized()):  # one process: only its own copies, no sends
         rank, device = 0, torch.device("cpu")
     else:
@@ -81,12 +97,9 @@ def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes]
         works, inbox = [], []
         for index, t in batch:
             if t.source == rank == t.dest:
-                inbox.append((t, None, load(t)))
+                inbox.append((t, None, loaded(t)))
             elif t.source == rank:
-                blob = load(t)
-                if len(blob) != t.nbytes:
-                    raise ValueError(f"replica transfer of {t.key!r}: {len(blob)} bytes, the plan says {t.nbytes}")
-                tensor = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+                tensor = _as_tensor(loaded(t)).to(device)
                 works.append(dist.isend(tensor, _global(group, t.dest), group=group, tag=index))
             elif t.dest == rank:
                 buffer = torch.empty(t.nbytes, dtype=torch.uint8, device=device)
@@ -95,7 +108,15 @@ def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes]
         for work in works:
             work.wait()
         for t, buffer, blob in inbox:
-            deliver(t, blob if buffer is None else buffer.cpu().numpy().tobytes())
+            deliver(t, blob if buffer is None else buffer.cpu().numpy().data)  # a view: no copy of the blob
+    return errors
+
+
+def _as_tensor(blob) -> torch.Tensor:
+    """A uint8 tensor over the blob's memory (no copy; sends only read it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": nothing writes to it
+        return torch.frombuffer(blob, dtype=torch.uint8)
 
 
 def _global(group, rank: int) -> int:

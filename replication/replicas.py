@@ -45,7 +45,7 @@ from replication.errors import PlacementInputError, ReplicaError, ReplicaLostErr
 from replication.placement import PlacementPolicy
 from replication.policies import GroupPlacement
 from replication.replica_files import CheckpointFiles, array_owners, array_tensors
-from replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
+from replication.replica_map import REPLICA_MAP_NAME, Holder, ReplicaMap
 from replication.replica_plan import RankInfo, plan_replication
 from replication.replica_tiers import CheckpointMeta, ReplicaTier
 from replication.replica_transfer import ROUND_BYTES, Transfer, exchange
@@ -142,8 +142,8 @@ class ReplicaManager:
             except (UcpError, OSError) as err:
                 problems.append(str(err))
 
-        exchange(transfers, load=lambda t: self._blob(ck, files, planned, t.key), deliver=deliver,
-                 group=self.process_group, round_bytes=self.round_bytes)
+        problems += exchange(transfers, load=lambda t: self._blob(ck, files, planned, t.key), deliver=deliver,
+                             group=self.process_group, round_bytes=self.round_bytes)
         self._agree("; ".join(problems) or None)
         self._evict_beyond_keep()
         final = planned.with_holders(self._actual_holders(ck, planned))
@@ -242,20 +242,22 @@ class ReplicaManager:
     def _repair(self, ck, path, files, rmap, manifest_bytes, damaged, inventories):
         """Rounds: each damaged array is read from its next best copy until one passes its checksum."""
         world = self._world()
-        candidates = {key: sorted(((r, inv[ck][2][key]) for r, inv in enumerate(inventories)
-                                   if ck in inv and key in inv[ck][2]),
-                                  key=lambda c, w=rmap.arrays[key].owner % world: (c[0] != w, _SPEED.get(c[1], 9), c[0]))
+        candidates = {key: [(r, inv[ck][2][key]) for r, inv in enumerate(inventories) if ck in inv and key in inv[ck][2]]
                       for key in damaged}
         repaired, corrupt, lost = [], [], []
         pending = sorted(damaged)
         while pending:
-            load: dict[int, int] = {}
+            load: dict[int, int] = {}  # reads given to each source this round: spread them over the holders
             transfers = []
             for key in pending:
-                if not candidates[key]:
+                options = candidates[key]
+                if not options:
                     lost.append(key)
                     continue
-                rank, tier = candidates[key].pop(0)
+                writer = rmap.arrays[key].owner % world
+                best = min(range(len(options)), key=lambda i: (options[i][0] != writer, _SPEED.get(options[i][1], 9),
+                                                               load.get(options[i][0], 0), options[i][0]))
+                rank, tier = options.pop(best)
                 load[rank] = load.get(rank, 0) + 1
                 transfers.append(Transfer(rank, rmap.arrays[key].owner % world, key, rmap.arrays[key].nbytes, tier))
             failed: list[tuple[str, int]] = []
@@ -276,7 +278,7 @@ class ReplicaManager:
                     errors.append(f"cannot write array {t.key!r} into {path}: {err}")
 
             exchange(transfers, load=lambda t: self._held_blob(ck, t), deliver=deliver, group=self.process_group,
-                     round_bytes=self.round_bytes)
+                     round_bytes=self.round_bytes)  # a copy that cannot be read arrives as zeros: next copy
             self._agree("; ".join(errors) or None)
             bad = sorted({item for part in self._gather(failed) for item in part})
             for key, rank in bad:
@@ -332,9 +334,7 @@ class ReplicaManager:
         meta = self._bcast(self._meta(ck) if self._rank() == source else None, source)
         return ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path} on rank {source}")
 
-    def _actual_holders(self, ck: str, rmap: ReplicaMap) -> dict[str, tuple]:
-        from replication.replica_map import Holder
-
+    def _actual_holders(self, ck: str, rmap: ReplicaMap) -> dict[str, tuple[Holder, ...]]:
         holders: dict[str, list] = {key: [] for key in rmap.arrays}
         for rank, inv in enumerate(self._gather(self._inventory())):
             for key, tier in inv.get(ck, ("", 0, {}))[2].items():

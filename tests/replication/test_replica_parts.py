@@ -110,7 +110,7 @@ def test_transfer_rounds_bound_bytes():
 
 def test_one_process_rebuilds_a_deleted_checkpoint_from_its_own_tier(tmp_path):
     torch.manual_seed(0)
-    state = {"w": torch.randn(64, 8), "b": torch.randn(3), "step": 7}
+    state = {"w": torch.randn(100, 1024), "b": torch.randn(3), "step": 7}  # w: its own array; b: packed
     path = str(tmp_path / "ck")
     ucp.save(state, path)
     replicas = ReplicaManager(tiers=[MemoryTier(capacity_bytes=1 << 20)], replicas=0)
@@ -131,3 +131,21 @@ def test_one_process_rebuilds_a_deleted_checkpoint_from_its_own_tier(tmp_path):
     os.remove(os.path.join(path, "data", key, rmap.arrays[key].files[1].name))
     assert [k for k, _, _ in replicas.recover(path).repaired] == [key]
     assert torch.equal(ucp.load(path)["w"], state["w"])
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_checkpoint_manager_replicates_each_commit_and_restores_a_lost_directory(tmp_path, async_save):
+    from ucp.manager import CheckpointManager
+    from ucp.policies import KeepLast
+
+    tier = MemoryTier(capacity_bytes=4 << 20)
+    manager = CheckpointManager(tmp_path / "run", retention=KeepLast(1), async_save=async_save,
+                                replicas=ReplicaManager(tiers=[tier], replicas=0))
+    for step in (1, 2):
+        manager.save(step, {"w": torch.full((300, 300), float(step)), "step": step})
+    manager.wait()
+    assert [tier.get_meta(ck).path for ck in tier.checkpoints()] == [manager.path_for(2)]  # keep=1
+    shutil.rmtree(tmp_path / "run")
+    into = {"w": torch.zeros(300, 300), "step": 0}
+    assert manager.restore(into=into) == 2
+    assert torch.equal(into["w"], torch.full((300, 300), 2.0)) and into["step"] == 2
