@@ -149,3 +149,19 @@ def test_checkpoint_manager_replicates_each_commit_and_restores_a_lost_directory
     into = {"w": torch.zeros(300, 300), "step": 0}
     assert manager.restore(into=into) == 2
     assert torch.equal(into["w"], torch.full((300, 300), 2.0)) and into["step"] == 2
+
+
+def test_every_policy_plans_real_replicas_across_racks():
+    from replication.policies import baseline_policies
+    from replication.rl_policy import RLPolicy
+
+    records = _records(range(8))
+    infos = [RankInfo(rank=r, node=f"n{r}", rack=r // 2, free={"memory": 300, "disk": 1000}) for r in range(8)]
+    for policy in [*baseline_policies(seed=0), RLPolicy.load()]:
+        holders, transfers = plan_replication(records, infos, policy=policy, replicas=2)
+        for key, hs in holders.items():
+            owner = int(key[1])
+            assert hs[0] == Holder(owner, "memory"), policy.name
+            assert len(hs) >= 2 and len({h.rank for h in hs}) == len(hs) and owner not in {h.rank for h in hs[1:]}
+        assert sum(len(hs) - 1 for hs in holders.values()) <= 2 * len(records), policy.name  # the budget
+        assert len(transfers) == sum(len(hs) for hs in holders.values())
