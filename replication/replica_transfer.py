@@ -4,8 +4,8 @@ Every rank is given the same list of :class:`Transfer` (source rank, destination
 rank, array key, bytes) and calls :func:`exchange` collectively. Transfers run in
 rounds of at most ``round_bytes`` (at least one transfer each), so a rank never
 holds more than about a round of blobs in flight; in a round each rank posts its
-sends and receives (``isend``/``irecv``, tagged by transfer index so pairs never
-cross) and waits for them all. A transfer whose source is its destination is
+sends and receives as one ``batch_isend_irecv`` (tagged by transfer index so pairs
+never cross) and waits for them all. A transfer whose source is its destination is
 handed over without any communication (a rank's copy of its own array).
 
 Gloo sends CPU tensors; NCCL needs them on the rank's GPU, so with an NCCL group
@@ -94,18 +94,20 @@ def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes]
     else:
         rank, device = dist.get_rank(group), device or _device(group)
     for batch in rounds(transfers, round_bytes):
-        works, inbox = [], []
+        ops, inbox = [], []
         for index, t in batch:
             if t.source == rank == t.dest:
                 inbox.append((t, None, loaded(t)))
             elif t.source == rank:
                 tensor = _as_tensor(loaded(t)).to(device)
-                works.append(dist.isend(tensor, _global(group, t.dest), group=group, tag=index))
+                ops.append(dist.P2POp(dist.isend, tensor, _global(group, t.dest), group=group, tag=index))
             elif t.dest == rank:
                 buffer = torch.empty(t.nbytes, dtype=torch.uint8, device=device)
-                works.append(dist.irecv(buffer, _global(group, t.source), group=group, tag=index))
+                ops.append(dist.P2POp(dist.irecv, buffer, _global(group, t.source), group=group, tag=index))
                 inbox.append((t, buffer, None))
-        for work in works:
+        # One batch per round: NCCL runs it as one group (no order between peers can deadlock it);
+        # gloo matches the pairs by tag.
+        for work in dist.batch_isend_irecv(ops) if ops else ():
             work.wait()
         for t, buffer, blob in inbox:
             deliver(t, blob if buffer is None else buffer.cpu().numpy().data)  # a view: no copy of the blob
