@@ -165,3 +165,22 @@ def test_every_policy_plans_real_replicas_across_racks():
             assert len(hs) >= 2 and len({h.rank for h in hs}) == len(hs) and owner not in {h.rank for h in hs[1:]}
         assert sum(len(hs) - 1 for hs in holders.values()) <= 2 * len(records), policy.name  # the budget
         assert len(transfers) == sum(len(hs) for hs in holders.values())
+
+
+def test_verify_store_repairs_a_bit_flip_that_sizes_cannot_see(tmp_path):
+    state = {"w": torch.arange(100 * 1024, dtype=torch.float32)}
+    path = str(tmp_path / "ck")
+    ucp.save(state, path)
+    tier = MemoryTier(capacity_bytes=1 << 20)
+    rmap = ReplicaManager(tiers=[tier], replicas=0).replicate(path)
+    (key, rec), = rmap.arrays.items()
+    chunk = os.path.join(path, "data", key, rec.files[1].name)
+    raw = bytearray(open(chunk, "rb").read())
+    raw[100] ^= 0x01
+    open(chunk, "wb").write(bytes(raw))
+    assert ReplicaManager(tiers=[tier], replicas=0).recover(path).repaired == ()  # same size: not seen
+    with pytest.raises(ucp.ChecksumError):
+        ucp.load(path)
+    report = ReplicaManager(tiers=[tier], replicas=0, verify_store=True).recover(path)
+    assert report.repaired == ((key, 0, "memory"),) and report.corrupt_replicas == ()
+    assert torch.equal(ucp.load(path)["w"], state["w"])
