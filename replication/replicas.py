@@ -215,12 +215,27 @@ class ReplicaManager:
         return RecoveryReport(path, ck, len(rmap.arrays), repaired, corrupt, store_manifest is None, sent,
                               time.perf_counter() - started)
 
-    def recover_all(self, directory: str | os.PathLike) -> list[RecoveryReport]:
-        """:meth:`recover` every checkpoint directly under ``directory`` that some rank holds replicas of."""
+    def recover_all(self, directory: str | os.PathLike, *, lost: str = "raise") -> list[RecoveryReport]:
+        """:meth:`recover` every checkpoint directly under ``directory`` that some rank holds replicas of.
+
+        ``lost="warn"``: a checkpoint with an array no copy holds any more is left as it is, with a
+        :class:`ReplicaWarning` naming it, and the others are still recovered (a restore then falls
+        back past it to an older good checkpoint instead of failing the same way on every restart).
+        """
+        if lost not in ("raise", "warn"):
+            raise ValueError(f"lost must be 'raise' or 'warn', not {lost!r}")
         directory = _norm(os.fspath(directory))
         paths = sorted({p for inv in self._gather(self._inventory()) for p, _, _ in inv.values()
                         if _norm(p).rsplit("/", 1)[0] == directory})
-        return [self.recover(p) for p in paths]
+        reports = []
+        for path in paths:
+            try:
+                reports.append(self.recover(path))
+            except ReplicaLostError as err:  # raised on every rank alike: all ranks go on together
+                if lost == "raise":
+                    raise
+                warnings.warn(f"{err}; the checkpoint is left as it is", ReplicaWarning, stacklevel=2)
+        return reports
 
     def _scan(self, files: CheckpointFiles, rmap: ReplicaMap, *, whole: bool) -> dict[str, str]:
         """Array key -> why the store's copy is unusable; ranks split the scan."""

@@ -253,7 +253,7 @@ class CheckpointManager:
         if self.rank == 0:
             self.sweep_stale_saves()
         if self.replicas is not None:  # lost or damaged arrays come back from peers before anything is read
-            self.replicas.recover_all(self.directory)
+            self.replicas.recover_all(self.directory, lost="warn")  # unrecoverable: the fallback below skips it
         skipped: list[tuple[str, set[str]]] = []  # (path, keys its failed load may have filled)
         for step in self._broadcast(self.steps() if self.rank == 0 else None):
             path = self.path_for(step)

@@ -141,11 +141,17 @@ def _after_restart(rank: int, root: str, tier: MemoryTier, out: dict) -> None:
     tier.discard(rmap.checkpoint, lost_key)
     dist.barrier()
     try:
-        manager.restore(into=_state(rank, empty=True), spec=_spec(rank))
+        manager.replicas.recover(path)
     except ReplicaLostError as err:
         out["lost_error"] = str(err)
     out["lost_key"] = lost_key
     out["manifest_after_loss"] = os.path.exists(os.path.join(path, "manifest.json"))
+    dist.barrier()
+    # ... and a restore does not fail on it forever: it warns and goes on (here: no other checkpoint)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["restore_after_loss"] = manager.restore(into=_state(rank, empty=True), spec=_spec(rank))
+    out["restore_warnings"] = [str(w.message) for w in caught if issubclass(w.category, ReplicaWarning)]
     dist.barrier()
 
 
@@ -239,6 +245,8 @@ def test_sigkilled_ranks_corrupt_replicas_and_a_lost_store_recover_from_peers(tm
                 "committed; restore an older checkpoint")
     assert [out.get("lost_error") for out in outs.values()] == [expected] * WORLD
     assert not any(out["manifest_after_loss"] for out in outs.values())
+    assert [out["restore_after_loss"] for out in outs.values()] == [None] * WORLD
+    assert [out["restore_warnings"] for out in outs.values()] == [[f"{expected}; the checkpoint is left as it is"]] * WORLD
 
 
 def _disk_worker(rank: int, port: int, root: str, phase: str) -> None:
