@@ -17,7 +17,8 @@ from tools.cli import main as ucp_main
 
 
 def _fake_reader(path, **_):
-    raise AssertionError("detection must not open a reader")
+    from ucp.errors import FormatError
+    raise FormatError(f"the fake reader opened {path}")
 
 
 @pytest.fixture()
@@ -32,12 +33,19 @@ def fake_format(monkeypatch):
     return fmt
 
 
-def _expect(path, error, message, capsys):
-    """The same error from ucp.load, ucp.verify, ucp.describe; `ucp inspect`/`ucp verify` exit 2 with it."""
+def _expect(path, error, message, capsys, foreign=False):
+    """The same error from ucp.load, ucp.verify, ucp.describe; `ucp inspect`/`ucp verify` exit 2 with it.
+
+    For a checkpoint of another known format the CLI shows that format through its own reader instead
+    (`ucp inspect model.safetensors` works), so there only the API calls must refuse."""
     for call in (ucp.load, ucp.verify, ucp.describe):
         with pytest.raises(error) as err:
             call(path)
         assert type(err.value) is error and str(err.value) == message
+    if foreign:
+        assert ucp_main(["inspect", str(path)]) == 2
+        assert capsys.readouterr().err.strip() == f"ucp inspect: error: the fake reader opened {path}"
+        return
     assert ucp_main(["inspect", str(path)]) == 2
     assert capsys.readouterr().err.strip() == f"ucp inspect: error: {message}"
     assert ucp_main(["verify", str(path), "--json"]) == 2
@@ -52,7 +60,7 @@ def test_a_folder_of_another_format_names_it_and_the_conversion(tmp_path, fake_f
     (folder / "weights.bin").write_bytes(b"\0" * 8)
     _expect(folder, ucp.NotACheckpointError,
             f"{folder} is a Fake Framework checkpoint (format 'fake'), not a ucp checkpoint; convert it with: "
-            f"ucp convert {folder} NEW_PATH", capsys)
+            f"ucp convert {folder} NEW_PATH", capsys, foreign=True)
 
 
 def test_a_file_of_another_format_names_it_and_the_conversion(tmp_path, fake_format, capsys):
@@ -60,7 +68,7 @@ def test_a_file_of_another_format_names_it_and_the_conversion(tmp_path, fake_for
     file.write_bytes(b"\0" * 8)
     _expect(file, ucp.NotACheckpointError,
             f"{file} is a Fake Framework checkpoint (format 'fake'), not a ucp checkpoint; convert it with: "
-            f"ucp convert {file} NEW_PATH", capsys)
+            f"ucp convert {file} NEW_PATH", capsys, foreign=True)
 
 
 def test_a_plain_file(tmp_path, capsys):
