@@ -32,11 +32,13 @@ import torch.multiprocessing as mp
 
 from ucp.errors import UcpError
 
-__all__ = ["WorkerContext", "Group", "launch", "run", "WorkerFailed", "PRELOAD"]
+__all__ = ["WorkerContext", "Group", "launch", "run", "WorkerFailed", "PRELOAD", "WITH_DEEPSPEED",
+           "start_fork_server"]
 
 # Imported once by the fork server, inherited by every worker.
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
            "torch.distributed.pipelining", "tensorstore", "ucp.api", "ucl.bind", "integrations.llama.model")
+WITH_DEEPSPEED = (*PRELOAD, "integrations.deepspeed.preload")
 
 
 class WorkerFailed(UcpError, RuntimeError):
@@ -167,19 +169,29 @@ class Group:
                 on_event(event)
 
 
-def _context():
+def start_fork_server(preload: tuple[str, ...] = PRELOAD):
+    """The multiprocessing context whose fork server imported ``preload`` (started on first use).
+
+    There is one fork server per process: the first caller's ``preload`` wins, later
+    ones only add imports to each worker. Start it early with everything the
+    process will need (:data:`WITH_DEEPSPEED` for DeepSpeed ranks).
+    """
+    from multiprocessing import forkserver
+
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(list(preload))
+    forkserver.ensure_running()
     return ctx
 
 
-def launch(fn: Callable, *, world: int, args: tuple = (), collective_timeout_s: float = 120.0) -> Group:
+def launch(fn: Callable, *, world: int, args: tuple = (), collective_timeout_s: float = 120.0,
+           preload: tuple[str, ...] = PRELOAD) -> Group:
     """Start ``world`` ranks running ``fn(ctx, *args)`` in a gloo process group; return at once.
 
     ``fn`` must be importable (a module-level function). ``collective_timeout_s``
     bounds every collective: it is how surviving ranks notice a dead peer.
     """
-    ctx = _context()
+    ctx = start_fork_server(preload)
     events = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, collective_timeout_s, events, fn, args), daemon=True)
@@ -190,6 +202,6 @@ def launch(fn: Callable, *, world: int, args: tuple = (), collective_timeout_s: 
 
 
 def run(fn: Callable, *, world: int, args: tuple = (), timeout: float = 600.0,
-        on_event: Callable[[dict], Any] | None = None) -> Any:
+        on_event: Callable[[dict], Any] | None = None, preload: tuple[str, ...] = PRELOAD) -> Any:
     """Start ``world`` ranks, wait for them, return rank 0's result (see :func:`launch`)."""
-    return launch(fn, world=world, args=args).wait(timeout=timeout, on_event=on_event)
+    return launch(fn, world=world, args=args, preload=preload).wait(timeout=timeout, on_event=on_event)
