@@ -56,7 +56,8 @@ class DeepSpeedTrainer:
 
     stack = "deepspeed"
 
-    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int) -> None:
+    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
+                 universal: bool = False) -> None:
         layout = Layout.parse(layout) if isinstance(layout, str) else layout
         if layout.world_size != layout.dp or layout.ep > 1 or layout.vpp > 1 or not layout.zero:
             raise LayoutError(f"the DeepSpeed stack runs data parallelism with ZeRO stage 1, 2 or 3 (dp=N,zero=S); "
@@ -73,6 +74,7 @@ class DeepSpeedTrainer:
             "zero_optimization": {"stage": layout.zero}, "zero_allow_untested_optimizer": True,
             "gradient_clipping": 0.0,  # DeepSpeed clips at 1.0 unless told; the other stacks do not clip
             "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
+            "checkpoint": {"load_universal": universal},  # DeepSpeed's own resharding path (native.py)
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=make_adam(model.parameters(), settings), config=config)

@@ -46,20 +46,22 @@ class Job:
         return LlamaConfig.parse(self.model)
 
 
-def build_trainer(stack: str, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int):
-    """The reference trainer of ``stack`` for this rank (imports only that stack)."""
+def build_trainer(stack: str, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
+                  **options):
+    """The reference trainer of ``stack`` for this rank (imports only that stack); ``options`` go to
+    its constructor (DeepSpeed: ``universal=True`` to load DeepSpeed universal checkpoints)."""
     if stack == "native":
         from integrations.native.trainer import NativeTrainer
 
-        return NativeTrainer(cfg, layout, settings, rank=rank)
+        return NativeTrainer(cfg, layout, settings, rank=rank, **options)
     if stack == "megatron":
         from integrations.megatron.trainer import MegatronTrainer
 
-        return MegatronTrainer(cfg, layout, settings, rank=rank)
+        return MegatronTrainer(cfg, layout, settings, rank=rank, **options)
     if stack == "deepspeed":
         from integrations.deepspeed.trainer import DeepSpeedTrainer
 
-        return DeepSpeedTrainer(cfg, layout, settings, rank=rank)
+        return DeepSpeedTrainer(cfg, layout, settings, rank=rank, **options)
     raise ValueError(f"unknown stack {stack!r}: expected one of {', '.join(STACKS)}")
 
 
