@@ -143,16 +143,21 @@ class Group:
                 self.kill_all()
                 raise WorkerFailed(f"workers did not finish within {timeout:.0f}s (ranks done: {sorted(self.done)})")
         self._drain(on_event)
+        if self.errors and not self._dead_silently():
+            time.sleep(0.2)  # a rank that died makes its peers fail at once: let the agent see the death
+        silent = self._dead_silently()  # before anyone is killed here
+        if silent or self.errors:
+            self.kill_all()
+        if silent:
+            rank = silent[0]
+            others = f"; {len(self.errors)} other rank(s) failed after it" if self.errors else ""
+            raise WorkerFailed(f"rank {rank} of {len(self.procs)} died without a traceback "
+                               f"(exit code {self.procs[rank].exitcode}: killed or crashed){others}")
+        if self.errors:
+            rank = next(iter(self.errors))  # the first to report: the others usually fail because of it
+            raise WorkerFailed(f"rank {rank} of {len(self.procs)} failed:\n{self.errors[rank]}")
         for proc in self.procs:
             proc.join(timeout=30)
-        if self.errors:
-            self.kill_all()
-            rank = min(self.errors)
-            raise WorkerFailed(f"rank {rank} of {len(self.procs)} failed:\n{self.errors[rank]}")
-        codes = [p.exitcode for p in self.procs]
-        if any(code != 0 for code in codes):
-            self.kill_all()
-            raise WorkerFailed(f"worker exit codes {codes}: a rank died without a traceback (killed?)")
         return self.result
 
     def _dead_silently(self) -> list[int]:

@@ -28,7 +28,8 @@ import ucp
 from integrations.llama.config import LlamaConfig
 from integrations.llama.data import SyntheticCorpus, local_batch
 from integrations.llama.model import LlamaModel, init_weights, token_loss_sum
-from integrations.stacks.common import STATES, Progress, TrainSettings, global_loss, global_tokens, make_adam
+from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, global_loss, global_tokens,
+                                        make_adam)
 from ucp.errors import LayoutError
 from ucp.layout import Layout
 from ucp.reader import CheckpointReader
@@ -82,8 +83,7 @@ class DeepSpeedTrainer:
         # Adam's state before its first step (a step-0 checkpoint and a load need tensors to fill);
         # ZeRO-1/2 link the per-parameter views of it only after a step, so link them now
         for master in self._masters():
-            self._adam.state[master] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(master),
-                                        "exp_avg_sq": torch.zeros_like(master)}
+            self._adam.state[master] = fresh_adam_state(master)
         if layout.zero < 3:
             self.optimizer._lazy_init_hp_params_optimizer_state()
 

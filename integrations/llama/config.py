@@ -98,7 +98,8 @@ class LlamaConfig:
             name, sep, value = item.partition("=")
             name = name.strip()
             if not sep or name not in types:
-                raise ConfigError(f"bad model config item {item!r}: expected NAME=VALUE with NAME one of {sorted(types)}")
+                raise ConfigError(f"bad model config item {item!r}: expected NAME=VALUE with NAME one of "
+                                  f"{sorted(types)}")
             try:
                 values[name] = float(value) if types[name] in ("float", float) else int(value)
             except ValueError:

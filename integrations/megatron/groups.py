@@ -78,9 +78,10 @@ class ParallelGroups:
                 if rank in members:
                     mine[kind] = group
         coords = layout.coords(rank)
-        prev_rank = layout.rank_of(tp=coords.tp, cp=coords.cp, dp=coords.dp, pp=coords.pp - 1) if coords.pp > 0 else None
-        next_rank = (layout.rank_of(tp=coords.tp, cp=coords.cp, dp=coords.dp, pp=coords.pp + 1)
-                     if coords.pp < layout.pp - 1 else None)
+        def stage(pp: int) -> int | None:
+            return layout.rank_of(tp=coords.tp, cp=coords.cp, dp=coords.dp, pp=pp) if 0 <= pp < layout.pp else None
+
+        prev_rank, next_rank = stage(coords.pp - 1), stage(coords.pp + 1)
         return cls(layout, rank, prev_rank=prev_rank, next_rank=next_rank, **mine)
 
     @staticmethod

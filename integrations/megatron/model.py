@@ -128,7 +128,8 @@ class ParallelMoE(nn.Module):
         received = all_to_all(inputs, send_counts, recv_counts, self.ep_group)
         # received rows: from source 0 [expert 0 rows, expert 1 rows, ...], from source 1 [...], ...
         outputs = torch.zeros_like(received)
-        starts = torch.cat([torch.zeros(1, dtype=torch.long), recv_table.reshape(-1).cumsum(0)[:-1]]).view_as(recv_table)
+        ends = recv_table.reshape(-1).cumsum(0)
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), ends[:-1]]).view_as(recv_table)
         for e, expert in enumerate(self.experts.local_experts):
             rows = torch.cat([torch.arange(int(starts[src, e]), int(starts[src, e] + recv_table[src, e]))
                               for src in range(self.ep)])

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from integrations.stacks.common import TrainSettings, make_adam
+from integrations.stacks.common import TrainSettings, fresh_adam_state, make_adam
 
 __all__ = ["ReplicatedAdam", "DistributedAdam"]
 
@@ -35,7 +35,7 @@ def _sum_grads(grad: torch.Tensor, group) -> torch.Tensor:
 def _fresh_state(adam: torch.optim.Adam) -> None:
     for group in adam.param_groups:
         for p in group["params"]:
-            adam.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+            adam.state[p] = fresh_adam_state(p)
 
 
 class ReplicatedAdam:

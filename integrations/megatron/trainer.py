@@ -78,7 +78,10 @@ class MegatronTrainer:
         if layout.vpp > 1 or layout.zero > 2:
             raise LayoutError(f"the Megatron-style stack runs zero 0-2 without virtual pipeline stages; got {layout}")
         if cfg.kv_heads % layout.tp:
-            raise LayoutError(f"tp={layout.tp} must divide kv_heads ({cfg.kv_heads}): each tp rank holds whole key/value groups")
+            raise LayoutError(f"tp={layout.tp} must divide kv_heads ({cfg.kv_heads}): "
+                              "each tp rank holds whole key/value groups")
+        if cfg.ffn % layout.tp:
+            raise LayoutError(f"tp={layout.tp} must divide ffn ({cfg.ffn}), as Megatron requires of ffn_hidden_size")
         if layout.ep > 1 and cfg.num_experts % layout.ep:
             raise LayoutError(f"ep={layout.ep} must divide num_experts ({cfg.num_experts})")
         if layout.ep > 1 and not cfg.moe:
@@ -131,7 +134,8 @@ class MegatronTrainer:
                 loss.backward()
                 local += loss.detach().double()
         else:
-            local = run_gpipe(self.stage, self.groups, list(micro_in), list(micro_tg), self._loss, hidden=self.cfg.hidden)
+            local = run_gpipe(self.stage, self.groups, list(micro_in), list(micro_tg), self._loss,
+                              hidden=self.cfg.hidden)
         for optimizer in self.optimizers.values():
             optimizer.step()
         self.progress = Progress(self.progress.step + 1, self.progress.position + self.settings.global_batch)
@@ -161,7 +165,8 @@ class MegatronTrainer:
                     optim[s][kind] = opt.state(s)
         state = {"model": {k: p.detach() for k, p in self.params.items()}, "optim": optim,
                  **self.progress.to_tree(rank=self.rank, run=self.run_info())}
-        return state, {"program": self.program(self._states()), "layout": self.layout, "process_group": dist.group.WORLD}
+        return state, {"program": self.program(self._states()), "layout": self.layout,
+                       "process_group": dist.group.WORLD}
 
     def save(self, path: str) -> ucp.SaveResult:
         state, options = self.checkpoint_state()

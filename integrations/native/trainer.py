@@ -25,8 +25,8 @@ from integrations.llama.data import SyntheticCorpus, local_batch
 from integrations.llama.context_parallel import context_parallel_attention
 from integrations.llama.model import LlamaModel, init_weights, keep_stage, token_loss_sum
 from integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh, cp_group
-from integrations.stacks.common import (STATES, Progress, TrainSettings, gather_to_rank0, global_loss, global_tokens,
-                                        make_adam, master_name)
+from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, gather_to_rank0, global_loss,
+                                        global_tokens, make_adam, master_name)
 from integrations.stacks.fragments import box_fragment_map, dtensor_box
 from ucp.errors import LayoutError
 from ucp.geometry import Box, split_evenly
@@ -106,11 +106,9 @@ class NativeTrainer:
         return token_loss_sum(logits, targets) / global_tokens(self.settings, self.cfg.seq_len)
 
     def _init_optimizer_state(self) -> None:
-        """Adam's state before its first step, so a step-0 checkpoint and a load have tensors to fill."""
         for group in self.optimizer.param_groups:
             for param in group["params"]:
-                self.optimizer.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
-                                               "exp_avg_sq": torch.zeros_like(param)}
+                self.optimizer.state[param] = fresh_adam_state(param)
 
     def train_step(self) -> float:
         """One optimiser step on the global batch at the data position; returns its mean loss."""

@@ -30,7 +30,7 @@ import torch
 from ucp.geometry import Box
 
 __all__ = ["TrainSettings", "Progress", "STATES", "master_name", "assemble", "make_adam", "global_tokens",
-           "global_loss", "gather_to_rank0"]
+           "global_loss", "gather_to_rank0", "fresh_adam_state"]
 
 STATES = ("exp_avg", "exp_avg_sq")  # Adam's moments; "fp32" is added where masters are separate
 
@@ -61,6 +61,12 @@ def make_adam(params, settings: TrainSettings) -> torch.optim.Adam:
     """The optimiser every stack uses (single-tensor code path: the same arithmetic everywhere)."""
     return torch.optim.Adam(params, lr=settings.lr, betas=(settings.beta1, settings.beta2), eps=settings.eps,
                             foreach=False)
+
+
+def fresh_adam_state(tensor: torch.Tensor) -> dict:
+    """Adam's state for ``tensor`` before its first step, as torch creates it. Trainers create it up
+    front, so a step-0 checkpoint has moments to save and a load has tensors to fill."""
+    return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(tensor), "exp_avg_sq": torch.zeros_like(tensor)}
 
 
 def global_tokens(settings: TrainSettings, seq_len: int) -> int:

@@ -326,6 +326,7 @@ def run_with_failure(plan: FailurePlan, directory: str | os.PathLike, *,
     report.load_s = times["loaded"] - times["built"]
     report.first_step_s = times["first_step"] - times["loaded"] - report.verify_s
     report.recovery_s = times["first_step"] - kill_time - report.verify_s
-    report.losses = {**{s: l for s, l in report.first_losses.items() if s <= report.resumed_from}, **report.losses}
+    kept = {step: loss for step, loss in report.first_losses.items() if step <= report.resumed_from}
+    report.losses = {**kept, **report.losses}
     report.wall_s = time.monotonic() - began
     return report

@@ -82,7 +82,8 @@ def summarize(results: dict) -> list[dict]:
         per_system = results.get(scenario.name)
         if not per_system:
             continue
-        medians = {system: {k: statistics.median(r[k] for r in runs) for k in (*PARTS, "recovery_s", "checkpoint_bytes")}
+        keys = (*PARTS, "recovery_s", "checkpoint_bytes")
+        medians = {system: {k: statistics.median(r[k] for r in runs) for k in keys}
                    for system, runs in per_system.items()}
         peers = [s for s in per_system if s != "ucp"]
         best_peer = min(peers, key=lambda s: medians[s]["recovery_s"]) if peers else None
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="LlamaConfig string (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per system (default %(default)s)")
-    parser.add_argument("--scenarios", default="all", help="comma-separated stacks to run: native,deepspeed (default all)")
+    parser.add_argument("--scenarios", default="all",
+                        help="comma-separated stacks to run: native,deepspeed (default all)")
     parser.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)

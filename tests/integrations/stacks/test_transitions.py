@@ -32,7 +32,7 @@ TRANSITIONS = [
     Transition("DeepSpeed ZeRO-2 dp=4 -> ZeRO-3 dp=2", ("deepspeed", "dp=4,zero=2"), ("deepspeed", "dp=2,zero=3")),
     Transition("Megatron style -> DeepSpeed ZeRO-1", ("megatron", "tp=2,pp=2"), ("deepspeed", "dp=3,zero=1")),
     Transition("DeepSpeed ZeRO-3 -> torch-native TP x CP", ("deepspeed", "dp=2,zero=3"), ("native", "tp=2,cp=2")),
-    Transition("torch-native TP x PP x CP -> MoE-free DeepSpeed", ("native", "tp=2,pp=2,cp=2"), ("deepspeed", "dp=2,zero=2")),
+    Transition("torch-native TP x PP x CP -> DeepSpeed", ("native", "tp=2,pp=2,cp=2"), ("deepspeed", "dp=2,zero=2")),
     Transition("MoE on torch-native FSDP2 -> Megatron ep=2", ("native", "dp=2"), ("megatron", "tp=2,dp=2,ep=2,zero=1"),
                model=MOE),
 ]
