@@ -63,10 +63,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its parent (the fork server, which exits with the launcher)
+    goes, so a launcher killed outright leaves no ranks behind. Elsewhere a no-op."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _worker(rank: int, world: int, port: int, timeout_s: float, events, fn, args) -> None:
     import torch
     import torch.distributed as dist
 
+    _die_with_parent()
     torch.set_num_threads(1)  # ranks share the cores; more threads only contend
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -27,7 +27,7 @@ import ucl
 import ucp
 from integrations.llama.config import LlamaConfig
 from integrations.llama.data import SyntheticCorpus, local_batch
-from integrations.llama.model import LlamaModel, init_weights, token_loss_sum
+from integrations.llama.model import build_model, token_loss_sum
 from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, global_loss, global_tokens,
                                         make_adam)
 from ucp.errors import LayoutError
@@ -53,12 +53,13 @@ def import_deepspeed():
 
 
 class DeepSpeedTrainer:
-    """One rank of a DeepSpeed ZeRO run (see the module doc)."""
+    """One rank of a DeepSpeed ZeRO run (see the module doc). ``universal=True`` configures the engine
+    to load DeepSpeed universal checkpoints; ``init=False`` skips drawing the initial weights."""
 
     stack = "deepspeed"
 
     def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
-                 universal: bool = False) -> None:
+                 universal: bool = False, init: bool = True) -> None:
         layout = Layout.parse(layout) if isinstance(layout, str) else layout
         if layout.world_size != layout.dp or layout.ep > 1 or layout.vpp > 1 or not layout.zero:
             raise LayoutError(f"the DeepSpeed stack runs data parallelism with ZeRO stage 1, 2 or 3 (dp=N,zero=S); "
@@ -67,7 +68,7 @@ class DeepSpeedTrainer:
         self.cfg, self.layout, self.settings, self.rank = cfg, layout, settings, rank
         self.corpus = SyntheticCorpus(cfg.vocab_size, cfg.seq_len, settings.data_seed)
         self.progress = Progress()
-        model = init_weights(LlamaModel(cfg))
+        model = build_model(cfg, init=init)
         self.names = [name for name, _ in model.named_parameters()]  # DeepSpeed's flat-buffer order
         self.shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         config = {

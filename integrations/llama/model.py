@@ -43,7 +43,7 @@ from ucp.geometry import split_evenly
 
 __all__ = [
     "LlamaModel", "DecoderLayer", "Attention", "SwiGLU", "MoE", "RMSNorm", "rope_tables", "apply_rope",
-    "causal_attention", "route", "token_loss_sum", "init_weights", "logical_shapes", "keep_stage", "stage_layers",
+    "causal_attention", "route", "token_loss_sum", "init_weights", "logical_shapes", "build_model", "keep_stage", "stage_layers",
 ]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -225,6 +225,20 @@ def logical_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Logical parameter name -> shape (nothing is allocated)."""
     with torch.device("meta"):
         return {name: tuple(p.shape) for name, p in LlamaModel(cfg).named_parameters()}
+
+
+def build_model(cfg: LlamaConfig, *, init: bool = True) -> LlamaModel:
+    """The logical model with its initial weights, or (``init=False``) with zeros, cheaply, for a
+    run that loads a checkpoint next: built on the meta device, then given memory, never drawn."""
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model.to_empty(device="cpu")
+    if init:
+        return init_weights(model)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    return model
 
 
 def init_weights(model: LlamaModel, *, seed: int | None = None) -> LlamaModel:

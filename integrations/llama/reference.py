@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from integrations.llama.config import LlamaConfig
 from integrations.llama.data import SyntheticCorpus
-from integrations.llama.model import LlamaModel, init_weights, token_loss_sum
+from integrations.llama.model import build_model, token_loss_sum
 from integrations.stacks.common import TrainSettings, global_tokens, make_adam
 
 __all__ = ["reference_losses"]
@@ -17,7 +17,7 @@ __all__ = ["reference_losses"]
 
 def reference_losses(cfg: LlamaConfig, settings: TrainSettings, *, steps: int) -> list[float]:
     """The global mean loss of steps 1..``steps`` of the logical model on one process."""
-    model = init_weights(LlamaModel(cfg))
+    model = build_model(cfg)
     optimizer = make_adam(model.parameters(), settings)
     corpus = SyntheticCorpus(cfg.vocab_size, cfg.seq_len, settings.data_seed)
     tokens = global_tokens(settings, cfg.seq_len)

@@ -23,7 +23,7 @@ import ucp
 from integrations.llama.config import ConfigError, LlamaConfig
 from integrations.llama.context_parallel import context_parallel_attention
 from integrations.llama.data import SyntheticCorpus, local_batch
-from integrations.llama.model import LlamaModel, init_weights, logical_shapes
+from integrations.llama.model import build_model, logical_shapes
 from integrations.megatron.groups import ParallelGroups
 from integrations.megatron.layers import vocab_parallel_cross_entropy
 from integrations.megatron.model import GPTStage
@@ -46,11 +46,13 @@ def _natural(key: str):
 
 
 class MegatronTrainer:
-    """One rank of a Megatron-style run (see the module doc)."""
+    """One rank of a Megatron-style run (see the module doc). ``init=False`` skips drawing the initial
+    weights, for a rank that loads a checkpoint right away."""
 
     stack = "megatron"
 
-    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int) -> None:
+    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
+                 init: bool = True) -> None:
         layout = Layout.parse(layout) if isinstance(layout, str) else layout
         self._check(cfg, layout, settings)
         self.cfg, self.layout, self.settings, self.rank = cfg, layout, settings, rank
@@ -67,10 +69,14 @@ class MegatronTrainer:
         self.params = dict(self.stage.named_parameters())
         if set(self.params) != set(self.shards):
             raise AssertionError(f"model and sharding disagree: {sorted(set(self.params) ^ set(self.shards))[:4]}")
-        logical = init_weights(LlamaModel(cfg)).state_dict()  # the same logical start on every layout
         with torch.no_grad():
-            for key, tensor in shards_from_logical(self.shards, logical).items():
-                self.params[key].copy_(tensor)
+            if init:  # the same logical start on every layout, cut into this rank's shards
+                logical = build_model(cfg).state_dict()
+                for key, tensor in shards_from_logical(self.shards, logical).items():
+                    self.params[key].copy_(tensor)
+            else:  # a checkpoint is loaded next; padding stays zero
+                for param in self.params.values():
+                    param.zero_()
         self.optimizers = self._optimizers()
 
     @staticmethod

@@ -23,7 +23,7 @@ import ucp
 from integrations.llama.config import ConfigError, LlamaConfig
 from integrations.llama.data import SyntheticCorpus, local_batch
 from integrations.llama.context_parallel import context_parallel_attention
-from integrations.llama.model import LlamaModel, init_weights, keep_stage, token_loss_sum
+from integrations.llama.model import build_model, keep_stage, token_loss_sum
 from integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh, cp_group
 from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, gather_to_rank0, global_loss,
                                         global_tokens, make_adam, master_name)
@@ -53,11 +53,13 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class NativeTrainer:
-    """One rank of a torch-native run (see the module doc)."""
+    """One rank of a torch-native run (see the module doc). ``init=False`` skips drawing the initial
+    weights, for a rank that loads a checkpoint right away."""
 
     stack = "native"
 
-    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int) -> None:
+    def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
+                 init: bool = True) -> None:
         layout = Layout.parse(layout) if isinstance(layout, str) else layout
         if layout.ep > 1 or layout.vpp > 1 or layout.zero:
             raise LayoutError(
@@ -76,7 +78,7 @@ class NativeTrainer:
         self.first = self.coords.pp == 0
         self.last = self.coords.pp == layout.pp - 1
 
-        model = init_weights(LlamaModel(cfg))  # every rank the same logical weights, then its shard
+        model = build_model(cfg, init=init)  # every rank the same logical weights, then its shard
         if layout.pp > 1:
             keep_stage(model, self.coords.pp, layout.pp)
         if layout.cp > 1:

@@ -75,7 +75,8 @@ def _numpy(snapshot: dict | None) -> dict | None:
 
 def run_job(ctx, job: Job) -> dict:
     """The body of every rank (see the module doc); emits a ``step`` event per step."""
-    trainer = build_trainer(job.stack, job.config, job.layout, job.settings, rank=ctx.rank)
+    trainer = build_trainer(job.stack, job.config, job.layout, job.settings, rank=ctx.rank,
+                            init=not job.resume_from)
     result: dict = {"losses": {}, "loaded": None, "saved": None}
     if job.resume_from:
         trainer.load(job.resume_from)

@@ -152,6 +152,8 @@ def train_worker(ctx, plan: FailurePlan, layout: str, directory: str, resume_fro
     from integrations.llama.config import LlamaConfig
 
     extra = {"universal": True} if plan.checkpointer == "deepspeed" and resume_from else {}
+    if resume_from:
+        extra["init"] = False  # every weight comes from the checkpoint: do not draw initial ones
     trainer = build_trainer(plan.stack, LlamaConfig.parse(plan.model), layout, plan.settings, rank=ctx.rank, **extra)
     dist.barrier()  # phase boundaries are when every rank is through
     if ctx.rank == 0:
