@@ -19,15 +19,18 @@ restart costs the same for all), the same model, data and steps.
     python tools/bench/recovery_bench.py                    # default model, 3 repeats
     python tools/bench/recovery_bench.py --model hidden=64,layers=2 --repeats 1 --json
 
-Prints per scenario and system the median of ``--repeats`` runs: recovery time and
-its parts (detect, teardown, convert, restart, load, first step), checkpoint size,
-and recovery time as a fraction of the best peer's.
+Runs are interleaved (every repeat runs every system once, so drift on a shared
+machine hits all alike). Prints per scenario and system the median of ``--repeats``
+runs: recovery time and its parts (detect, teardown, convert, restart, load, first
+step), checkpoint size, recovery time as a fraction of the best peer's, and the best
+(fastest) run of each, which interference from other jobs can only lengthen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -62,18 +65,16 @@ SCENARIOS = (
 PEER_NAMES = {"ucp": "ucp", "dcp": "FSDP2 + DCP", "deepspeed": "DeepSpeed ds_to_universal + universal load"}
 
 
-def measure(scenario: Scenario, system: str, model: str, repeats: int, root: Path, *, say=print) -> list[dict]:
-    runs = []
-    for index in range(repeats):
-        plan = FailurePlan(stack=scenario.stack, before=scenario.before, after=scenario.after, model=model,
-                           settings=TrainSettings(), steps=6, save_every=2, kill_after_step=3, kill_rank=1,
-                           checkpointer=system, track_ettr=False)
-        report = run_with_failure(plan, root / f"{scenario.stack}-{system}-{index}")
-        runs.append({k: getattr(report, k) for k in (*PARTS, "recovery_s", "checkpoint_bytes", "resumed_from")}
-                    | {"losses": report.losses})
-        say(f"  {scenario.name} | {PEER_NAMES[system]} | run {index + 1}: recovery {report.recovery_s:.2f}s "
-            f"(load {report.load_s:.2f}s, convert {report.convert_s:.2f}s)")
-    return runs
+def measure(scenario: Scenario, system: str, model: str, index: int, root: Path, *, say=print) -> dict:
+    """One failure and recovery of ``scenario`` with checkpointer ``system``."""
+    plan = FailurePlan(stack=scenario.stack, before=scenario.before, after=scenario.after, model=model,
+                       settings=TrainSettings(), steps=6, save_every=2, kill_after_step=3, kill_rank=1,
+                       checkpointer=system, track_ettr=False)
+    report = run_with_failure(plan, root / f"{scenario.stack}-{system}-{index}")
+    say(f"  {scenario.name} | {PEER_NAMES[system]} | run {index + 1}: recovery {report.recovery_s:.2f}s "
+        f"(load {report.load_s:.2f}s, convert {report.convert_s:.2f}s; load average {os.getloadavg()[0]:.1f})")
+    return {k: getattr(report, k) for k in (*PARTS, "recovery_s", "checkpoint_bytes", "resumed_from")} | {
+        "losses": report.losses}
 
 
 def summarize(results: dict) -> list[dict]:
@@ -85,26 +86,31 @@ def summarize(results: dict) -> list[dict]:
         keys = (*PARTS, "recovery_s", "checkpoint_bytes")
         medians = {system: {k: statistics.median(r[k] for r in runs) for k in keys}
                    for system, runs in per_system.items()}
+        best = {system: min(r["recovery_s"] for r in runs) for system, runs in per_system.items()}
         peers = [s for s in per_system if s != "ucp"]
         best_peer = min(peers, key=lambda s: medians[s]["recovery_s"]) if peers else None
         for system, m in medians.items():
             ratio = m["recovery_s"] / medians[best_peer]["recovery_s"] if best_peer else None
-            rows.append({"scenario": scenario.name, "system": PEER_NAMES[system], **m,
-                         "vs_best_peer": ratio, "runs": len(per_system[system])})
+            best_ratio = best[system] / best[best_peer] if best_peer else None
+            rows.append({"scenario": scenario.name, "system": PEER_NAMES[system], **m, "best_recovery_s": best[system],
+                         "vs_best_peer": ratio, "best_vs_best_peer": best_ratio, "runs": len(per_system[system])})
     return rows
 
 
 def print_table(rows: list[dict], *, model: str, repeats: int) -> None:
-    header = ("| scenario | system | recovery s | detect | teardown | convert | restart | load | first step | "
-              "checkpoint MiB | recovery / best peer |")
-    print(f"\nmodel: {model}; median of {repeats} run(s); recovery = SIGKILL of rank 1 -> first step done\n")
+    header = ("| scenario | system | recovery s (median) | detect | teardown | convert | restart | load | first step | "
+              "checkpoint MiB | median / best peer's | best run s | best / best peer's |")
+    print(f"\nmodel: {model}; {repeats} run(s) per system, interleaved; parts are medians; "
+          "recovery = SIGKILL of rank 1 -> first step done\n")
     print(header)
-    print("| --- " * 11 + "|")
+    print("| --- " * 13 + "|")
     for r in rows:
         ratio = "" if r["vs_best_peer"] is None else f"{r['vs_best_peer']:.2f}"
+        best_ratio = "" if r["best_vs_best_peer"] is None else f"{r['best_vs_best_peer']:.2f}"
         print(f"| {r['scenario']} | {r['system']} | {r['recovery_s']:.2f} | {r['detect_s']:.3f} | "
               f"{r['teardown_s']:.2f} | {r['convert_s']:.2f} | {r['restart_s']:.2f} | {r['load_s']:.2f} | "
-              f"{r['first_step_s']:.2f} | {r['checkpoint_bytes'] / 2**20:.1f} | {ratio} |")
+              f"{r['first_step_s']:.2f} | {r['checkpoint_bytes'] / 2**20:.1f} | {ratio} | "
+              f"{r['best_recovery_s']:.2f} | {best_ratio} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in SCENARIOS:
         if scenario.stack not in wanted:
             continue
-        for system in scenario.systems:
-            results.setdefault(scenario.name, {})[system] = measure(scenario, system, args.model, args.repeats, root,
-                                                                    say=say)
+        for index in range(args.repeats):  # interleaved: drift on a shared machine hits every system alike
+            for system in scenario.systems:
+                run = measure(scenario, system, args.model, index, root, say=say)
+                results.setdefault(scenario.name, {}).setdefault(system, []).append(run)
     rows = summarize(results)
     if args.json:
         print(json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows}, indent=2))
