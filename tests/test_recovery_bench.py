@@ -13,7 +13,7 @@ def test_recovery_bench_runs_ucp_and_dcp_side_by_side(capsys, tmp_path):
                  "--dir", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     systems = [row["system"] for row in data["rows"]]
-    assert systems == ["ucp", "FSDP2 + DCP"]
+    assert systems == ["ucp", "FSDP2 + DCP"] and set(data["load_phase"]) == {"ucp", "dcp"}
     ucp_row, dcp_row = data["rows"]
     assert dcp_row["vs_best_peer"] == 1.0 and ucp_row["vs_best_peer"] > 0
     parts = ("detect_s", "teardown_s", "convert_s", "restart_s", "load_s", "first_step_s")

@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server  # noqa: E402
 from integrations.stacks.common import TrainSettings  # noqa: E402
 from integrations.stacks.recovery import FailurePlan, run_with_failure  # noqa: E402
+from ucp.layout import Layout  # noqa: E402
 
 PARTS = ("detect_s", "teardown_s", "convert_s", "restart_s", "load_s", "first_step_s")
 # A model whose checkpoint is large next to its compute: the embedding and output dominate.
@@ -75,6 +76,52 @@ def measure(scenario: Scenario, system: str, model: str, index: int, root: Path,
         f"(load {report.load_s:.2f}s, convert {report.convert_s:.2f}s; load average {os.getloadavg()[0]:.1f})")
     return {k: getattr(report, k) for k in (*PARTS, "recovery_s", "checkpoint_bytes", "resumed_from")} | {
         "losses": report.losses}
+
+
+def _load_phase(ctx, directory: str, model: str, after: str, repeats: int) -> dict:
+    """Rank body: load the same checkpoint with ucp and with DCP, alternating, timed between barriers."""
+    import time
+
+    import torch.distributed as dist
+
+    from integrations.llama.config import LlamaConfig
+    from integrations.native.dcp import load_dcp
+    from integrations.native.trainer import NativeTrainer
+
+    trainer = NativeTrainer(LlamaConfig.parse(model), after, TrainSettings(), rank=ctx.rank, init=False)
+    times: dict[str, list[float]] = {"ucp": [], "dcp": []}
+    for _ in range(repeats):
+        for system in ("ucp", "dcp"):
+            dist.barrier()
+            began = time.perf_counter()
+            trainer.load(f"{directory}/ucp") if system == "ucp" else load_dcp(trainer, f"{directory}/dcp")
+            dist.barrier()
+            times[system].append(time.perf_counter() - began)
+    return times
+
+
+def _save_both(ctx, directory: str, model: str, before: str) -> None:
+    from integrations.llama.config import LlamaConfig
+    from integrations.native.dcp import save_dcp
+    from integrations.native.trainer import NativeTrainer
+
+    trainer = NativeTrainer(LlamaConfig.parse(model), before, TrainSettings(), rank=ctx.rank)
+    trainer.train_step()
+    trainer.save(f"{directory}/ucp")
+    save_dcp(trainer, f"{directory}/dcp")
+
+
+def load_phase(model: str, repeats: int, root: Path) -> dict:
+    """The load with resharding alone (torch-native scenario): the same processes load the same
+    training state saved by ucp and by DCP, alternately; slowest rank, between barriers."""
+    from integrations.launch import run
+
+    scenario = SCENARIOS[0]
+    directory = str(root / "load-phase")
+    run(_save_both, world=Layout.parse(scenario.before).world_size, args=(directory, model, scenario.before))
+    times = run(_load_phase, world=Layout.parse(scenario.after).world_size,
+                args=(directory, model, scenario.after, repeats))
+    return {system: {"median_s": statistics.median(t), "best_s": min(t), "runs": t} for system, t in times.items()}
 
 
 def summarize(results: dict) -> list[dict]:
@@ -139,10 +186,17 @@ def main(argv: list[str] | None = None) -> int:
                 run = measure(scenario, system, args.model, index, root, say=say)
                 results.setdefault(scenario.name, {}).setdefault(system, []).append(run)
     rows = summarize(results)
+    loads = load_phase(args.model, args.repeats, root) if "native" in wanted else None
     if args.json:
-        print(json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows}, indent=2))
-    else:
-        print_table(rows, model=args.model, repeats=args.repeats)
+        print(json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows, "load_phase": loads}, indent=2))
+        return 0
+    print_table(rows, model=args.model, repeats=args.repeats)
+    if loads:
+        u, d = loads["ucp"], loads["dcp"]
+        print(f"\nload phase alone ({SCENARIOS[0].before} -> {SCENARIOS[0].after}, same processes, alternating, "
+              f"{args.repeats} each): ucp median {u['median_s']:.2f}s (best {u['best_s']:.2f}s), "
+              f"DCP median {d['median_s']:.2f}s (best {d['best_s']:.2f}s); "
+              f"ucp / DCP {u['median_s'] / d['median_s']:.2f} (median), {u['best_s'] / d['best_s']:.2f} (best)")
     return 0
 
 
