@@ -35,9 +35,11 @@ from ucp.errors import UcpError
 __all__ = ["WorkerContext", "Group", "launch", "run", "WorkerFailed", "PRELOAD", "WITH_DEEPSPEED",
            "start_fork_server"]
 
-# Imported once by the fork server, inherited by every worker.
+# Imported once by the fork server, inherited by every worker (ucp's engine and DCP alike, so a
+# benchmark restarting ranks charges neither with imports the other was spared).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
-           "torch.distributed.pipelining", "tensorstore", "ucp.api", "ucl.bind", "integrations.llama.model")
+           "torch.distributed.pipelining", "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+           "tensorstore", "ucp.api", "ucl.bind", "integrations.llama.model")
 WITH_DEEPSPEED = (*PRELOAD, "integrations.deepspeed.preload")
 
 
