@@ -6,9 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench setup browser clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ucp demo
 
-test: $(STAMP)
+# The HTML report's test renders it in a headless Chromium (Debian's package).
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$(if [ "$$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then echo sudo; fi); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "make: install Chromium (the HTML report test renders the page headless)" >&2; exit 1; fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest -n 2 -q
 
 bench: $(STAMP)

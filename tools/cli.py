@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "ucl": "tools.ucl_cli",
     "logs": "tools.logs_cli",
     "ettr": "tools.ettr_cli",
+    "place": "tools.place_cli",
 }
 
 

@@ -1,12 +1,14 @@
-"""``ucp logs analyze``: mine cluster logs into failures, incidents and MTTF.
+"""``ucp logs``: mine cluster logs into failures, incidents and MTTF; or just their templates.
 
-A thin wrapper over :func:`reliability.logs.analyze.analyze_logs`. Exit codes:
-0 analysed, 2 usage or input error (missing files, bad taxonomy or state).
+A thin wrapper over :func:`reliability.logs.analyze.analyze_logs` and
+:func:`reliability.logs.templates.parse_templates`. Exit codes: 0 done,
+2 usage or input error (missing files, bad taxonomy or state file).
 
 Example::
 
     ucp logs analyze /var/log/slurm kern.log.gz --json report.json --html report.html \\
-        --state templates.drain3
+        --state templates.json --taxonomy-out discovered.json --workers 8
+    ucp logs templates HDFS.log --json templates.json
 """
 
 from __future__ import annotations
@@ -21,40 +23,79 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="logs_command", metavar="ACTION")
     analyze = sub.add_parser(
         "analyze", help="classify failures, fold incidents, fit MTTF",
-        description="Read logs (files, directories, globs, .gz, '-' for stdin), classify failure lines "
-                    "with the taxonomy, fold them into incidents and fit MTTF.")
+        description="Read logs (files, directories, globs, .gz, '-' for stdin), find failure lines (taxonomy "
+                    "rules, severities, failure words, template rarity), name them with the taxonomy or with "
+                    "categories mined from the logs, fold them into incidents and fit MTTF.")
     analyze.add_argument("paths", nargs="+", metavar="PATH", help="log file, directory, glob, or - for stdin")
     analyze.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/LOGS.md)")
     analyze.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
     analyze.add_argument("--taxonomy", metavar="FILE", help="JSON taxonomy merged over the built-in one")
-    analyze.add_argument("--state", metavar="FILE", help="drain3 state file: load, update and save templates")
+    analyze.add_argument("--taxonomy-out", metavar="FILE",
+                         help="write the categories mined from these logs in the taxonomy file format")
+    analyze.add_argument("--state", metavar="FILE",
+                         help="template state (JSON): load it, keep its template ids, save the updated state")
     analyze.add_argument("--window", type=float, default=900.0, metavar="SECONDS",
                          help="fold events at most this far apart into one incident (default 900)")
     analyze.add_argument("--gpus-per-node", type=int, default=8, help="for the job MTTF projection (default 8)")
     analyze.add_argument("--year", type=int, default=None, help="year for syslog stamps without one")
-    analyze.add_argument("--quiet", action="store_true", help="no terminal summary")
-    analyze.set_defaults(func=run)
+    _parallel_options(analyze)
+    analyze.add_argument("--quiet", action="store_true", help="no terminal summary and no progress bar")
+    analyze.set_defaults(func=run_analyze)
+
+    templates = sub.add_parser(
+        "templates", help="the template of every line (log parsing)",
+        description="Mine the templates of the given logs and the template id of every input line.")
+    templates.add_argument("paths", nargs="+", metavar="LOG", help="log file, directory, glob, or - for stdin")
+    templates.add_argument("--json", metavar="FILE", required=True,
+                           help='write {"templates": [{"id", "template", "count"}], "lines": [id, ...]}')
+    templates.add_argument("--state", metavar="FILE", help="template state (JSON) to start from and update")
+    templates.add_argument("--year", type=int, default=None, help="year for syslog stamps without one")
+    templates.set_defaults(func=run_templates)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
-def run(args) -> int:
+def _parallel_options(parser) -> None:
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="Dask workers of a local cluster (default: one per CPU for inputs of several "
+                             "partitions and 64 MiB or more, else this process); 1 runs in this process")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="run on an existing dask.distributed cluster (e.g. tcp://10.0.0.5:8786); the "
+                             "log paths must be readable on its workers")
+
+
+def _usage_error(message: str) -> int:
+    print(f"ucp logs: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_analyze(args) -> int:
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from reliability.logs.analyze import AnalysisOptions, analyze_logs
+    from reliability.logs.parallel import dask_runner
     from reliability.logs.taxonomy import load_taxonomy
 
     if args.window <= 0 or args.gpus_per_node <= 0:
-        print("ucp logs: error: --window and --gpus-per-node must be positive", file=sys.stderr)
-        return 2
+        return _usage_error("--window and --gpus-per-node must be positive")
+    if args.workers is not None and args.workers < 1:
+        return _usage_error("--workers must be at least 1")
     console = Console(stderr=False)
     taxonomy = load_taxonomy(extra=args.taxonomy)
     options = AnalysisOptions(window_s=args.window, gpus_per_node=args.gpus_per_node, default_year=args.year)
-    with console.status("reading logs...") as status:
-        result = analyze_logs(args.paths, taxonomy=taxonomy, state_path=args.state, options=options,
-                              progress=lambda n: status.update(f"reading logs... {n:,} lines"))
+    run = dask_runner(workers=args.workers, scheduler=args.scheduler)
+    with Progress(TextColumn("reading logs"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
+        task = bar.add_task("scan", total=None)
+        result = analyze_logs(args.paths, taxonomy=taxonomy, state_path=args.state, options=options, run=run,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result.to_dict(), handle, indent=1)
+    if args.taxonomy_out:
+        from reliability.logs.discover import write_taxonomy
+
+        write_taxonomy(result.discovered, args.taxonomy_out)
     if args.html:
         from reliability.logs.report_html import write_html
 
@@ -63,4 +104,17 @@ def run(args) -> int:
         from reliability.logs.report_terminal import render_summary
 
         render_summary(result, console=console)
+    return 0
+
+
+def run_templates(args) -> int:
+    from reliability.logs.template_state import TemplateSet
+    from reliability.logs.templates import parse_templates
+
+    known = TemplateSet.load(args.state) if args.state else None
+    report = parse_templates(args.paths, known=known, default_year=args.year)
+    with open(args.json, "w", encoding="utf-8") as handle:
+        json.dump(report.to_dict(), handle)
+    if args.state:
+        report.templates.save(args.state)
     return 0

@@ -16,14 +16,17 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ucp.dtypes import allocate, check_supported, dtype_name
-from ucp.errors import KeyMismatchError, ShapeMismatchError, UcpError
+from ucp.dtypes import allocate, dtype_name
+from ucp.errors import InvalidArgumentError, KeyMismatchError, ShapeMismatchError, UcpError, UnsupportedTensorError
 from ucp.geometry import Box, FlatRange, Region
 from ucp.layout import Layout
+from ucp.programs import compile_for_load, compile_for_save
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from ucp.state import FlatState, flatten_state, set_path, tensor_refs, unflatten_state
-from ucp.writer import CheckpointWriter, SaveResult, finalize  # noqa: F401 - re-exported
+from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
+from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_refs
+from ucp.shared_save import finalize, record_failure  # noqa: F401 - re-exported
+from ucp.writer import CheckpointWriter, SaveResult  # noqa: F401 - re-exported
 
 SpecLike = FragmentMap | Callable[[dict], FragmentMap] | None
 
@@ -36,11 +39,11 @@ def save(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     checksums: bool = True,
     overwrite: bool = False,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     storage_options: dict | None = None,
     logical: dict[str, LogicalTensor] | None = None,
 ) -> SaveResult:
@@ -48,11 +51,14 @@ def save(
 
     Each rank saves only its own tensors: with ``spec`` (a FragmentMap, or a
     callable ``spec({key: (shape, dtype)}) -> FragmentMap``), with
-    ``program`` + ``layout`` (a UCL program), from DTensor placements, or - for
+    ``program`` + ``layout`` (a UCL program: text, a ``.ucl`` path, a preset
+    reference or a ``ucl.BoundProgram``; the manifest records its full text and
+    parameters), from DTensor placements, or - for
     plain tensors under a process group - as replicas of the whole group.
     ``logical`` (name -> LogicalTensor) tells a UCL program the whole shapes it
     cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
-    partitions).
+    partitions). Values that are not JSON are refused unless ``allow_objects``
+    (pickled; loads need ``allow_objects`` too, see :func:`load`).
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -82,9 +88,9 @@ def open_writer(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     logical: dict[str, LogicalTensor] | None = None,
     **writer_options: Any,
 ) -> tuple[FlatState, CheckpointWriter]:
@@ -105,17 +111,33 @@ def open_writer(
     >>> writer.close().committed
     True
     """
-    try:  # validate before anything is written
-        flat = flatten_state(state, allow_objects=allow_objects)
-        for key, tensor in flat.tensors.items():
-            check_supported(tensor.dtype, key=key)
-        failure = None
-    except UcpError as err:
-        failure = err
+    record = lay = None
     if process_group is not None:
         import torch.distributed as dist
 
         rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    try:  # everything that can fail on one rank fails here, before the first collective
+        lay = Layout.parse(layout) if isinstance(layout, str) else layout
+        flat = flatten_state(state, allow_objects=allow_objects)
+        check_tensors(flat.tensors)
+        local = _local_shapes(flat)
+        if program is not None:
+            spec, record = compile_for_save(program, spec=spec, layout=lay, rank=rank, local=local, logical=logical)
+        elif spec is not None and not isinstance(spec, FragmentMap):
+            spec = spec(local)
+        if spec is not None and not isinstance(spec, FragmentMap):
+            raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
+        if spec is not None and flat.ties:
+            flat = _untie(state, flat, spec, allow_objects)
+        check_spec_fit(flat.tensors, spec, world_size=world_size, distributed=process_group is not None)
+        failure = None
+    except Exception as err:  # noqa: BLE001 - re-raised below, after every rank has heard of it
+        failure = err
+    if process_group is not None:
+        import torch.distributed as dist
+
         # Every rank must learn that one rank's state is invalid, or the others would hang.
         failures: list = [None] * world_size
         dist.all_gather_object(failures, None if failure is None else f"{type(failure).__name__}: {failure}",
@@ -123,27 +145,39 @@ def open_writer(
         bad = next(((r, f) for r, f in enumerate(failures) if f), None)
         if failure is None and bad is not None:
             raise UcpError(f"save failed on rank {bad[0]}: {bad[1]}")
+    elif failure is not None and world_size > 1:
+        record_failure(os.fspath(path), rank=rank, world_size=world_size, error=failure,
+                       storage_options=writer_options.get("storage_options"))
     if failure is not None:
         raise failure
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
-    local = {k: (tuple(_local(t).shape), dtype_name(t.dtype)) for k, t in flat.tensors.items()}
-    lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    program_text = None
-    if program is not None and spec is None:
-        if lay is None:
-            raise ValueError("program needs a layout (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
-        from ucl.bind import spec_for_save
-
-        program_text = _program_text(program)
-        spec = spec_for_save(program, lay, rank, local, shapes=logical)
-    elif spec is not None and not isinstance(spec, FragmentMap):
-        spec = spec(local)
     writer = CheckpointWriter(
         os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
-        layout=lay, program=program_text, **writer_options,
+        layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
+
+
+def _local_shapes(flat: FlatState) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> (local shape, dtype) of every tensor, tied keys included: a map may treat them apart."""
+    local = {k: (tuple(_local(t).shape), dtype_name(t.dtype)) for k, t in flat.tensors.items()}
+    for key, first in flat.ties.items():
+        local[key] = local[first]
+    return local
+
+
+def _untie(state: Any, flat: FlatState, spec: FragmentMap, allow_objects: Any) -> FlatState:
+    """Flatten again so that tied keys the map sends to different places are each written.
+
+    A tie is folded into one key only when both keys map onto the same pieces; otherwise
+    folding would remove a logical tensor from the checkpoint.
+    """
+    def mapping(key: str) -> Any:
+        tspec = spec.tensors.get(key)
+        return None if tspec is None else (tspec.pieces, tspec.replica, tspec.replicas, tspec.policy)
+
+    if all(mapping(key) == mapping(first) for key, first in flat.ties.items()):
+        return flat
+    return flatten_state(state, allow_objects=allow_objects, tie_group=mapping)
 
 
 def load(
@@ -151,23 +185,33 @@ def load(
     into: Any = None,
     *,
     spec: SpecLike = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     rank: int | None = None,
     map_location: str | torch.device = "cpu",
     strict: bool = True,
     verify: bool = True,
-    allow_objects: bool = False,
+    allow_objects: Any = False,
     storage_options: dict | None = None,
 ) -> Any:
     """Load a checkpoint, optionally resharded to ``spec`` and/or in place into ``into``.
 
     Without a spec, logical tensors are assembled whole at the keys they were
     saved under. With one (a FragmentMap, a callable
-    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``program`` + ``layout``
-    + ``rank``), exactly that rank's local tensors are returned, reading only
-    the bytes that overlap them. ``into`` fills existing tensors with
-    ``copy_`` (no second copy) and the returned state shares them.
+    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``layout`` + ``rank``
+    with the UCL program the checkpoint was saved with, or with ``program``,
+    which must agree with it on the model's parameters), exactly that rank's
+    local tensors are returned, reading only the bytes that overlap them.
+    ``into`` fills existing tensors with ``copy_`` (no second copy) and the
+    returned state shares them.
+
+    A whole load returns every logical tensor: the saved tree's references
+    resolved, plus the logical tensors the tree does not place, at the top
+    level under their full names (``w`` and ``w/fp32`` side by side;
+    docs/FORMAT.md, "Loading a whole checkpoint"). Pickled objects in the
+    state load only with ``allow_objects``: ``True`` for plain data types
+    (restricted unpickler, :mod:`ucp.unpickle`), or an iterable of
+    ``"module.Class"`` names or classes to allow those as well.
 
     >>> import torch, ucp, tempfile, os
     >>> d = os.path.join(tempfile.mkdtemp(), "c")
@@ -175,27 +219,56 @@ def load(
     >>> ucp.load(d)
     {'w': tensor([0., 1., 2.]), 'step': 3}
     """
-    reader = CheckpointReader(os.fspath(path), verify=verify, storage_options=storage_options)
+    return load_recording(path, into, spec=spec, program=program, layout=layout, rank=rank,
+                          map_location=map_location, strict=strict, verify=verify, allow_objects=allow_objects,
+                          storage_options=storage_options)
+
+
+def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str] | None = None,
+                   **options: Any) -> Any:
+    """:func:`load`, adding to ``filled`` each key before its tensor is written.
+
+    After a load that failed part-way, ``filled`` names the tensors of ``into`` it may
+    have changed (CheckpointManager.restore uses it to fall back safely).
+
+    >>> import torch, ucp, tempfile, os
+    >>> d = os.path.join(tempfile.mkdtemp(), "c")
+    >>> _ = ucp.save({"w": torch.ones(2)}, d)
+    >>> filled = set()
+    >>> _ = load_recording(d, {"w": torch.zeros(2)}, filled=filled)
+    >>> filled
+    {'w'}
+    """
+    return _load(os.fspath(path), into, filled, **options)
+
+
+def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = None, program: str | None = None,
+          layout: Layout | str | None = None, rank: int | None = None, map_location: str | torch.device = "cpu",
+          strict: bool = True, verify: bool = True, allow_objects: Any = False,
+          storage_options: dict | None = None) -> Any:
+    reader = CheckpointReader(path, verify=verify, storage_options=storage_options)
     manifest = reader.manifest
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    if program is not None and spec is None:
-        if lay is None or rank is None:
-            raise ValueError("program needs layout and rank to say which shard to load")
-        from ucl.bind import spec_for_load
-
-        spec = spec_for_load(program, lay, rank, reader.logical())
-    elif spec is not None and not isinstance(spec, FragmentMap):
+    spec = compile_for_load(reader.path, manifest.program, manifest.layout, reader.logical(), spec=spec,
+                            program=program, layout=lay, rank=rank)
+    if spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(reader.logical())
+    if spec is not None and not isinstance(spec, FragmentMap):
+        raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
     if rank is None and spec is not None:
         rank = spec.rank
     tree_rank = rank if rank in manifest.states else min(manifest.states, default=0)
     tree = manifest.states.get(tree_rank)
-    into_tensors = flatten_state(into, allow_objects=True).tensors if into is not None else None
+    into_tensors = state_tensors(into) if into is not None else None
     if spec is None and into_tensors is not None and any(_is_dtensor(t) for t in into_tensors.values()):
         spec = _spec_for_into(reader, into_tensors, strict)
         strict = False  # checked just now, against the whole checkpoint
 
     targets = _targets(reader, spec, tree, into_tensors, strict)
+    whole = spec is None and into_tensors is None
+    # Everything that can refuse the tree (malformed tags, objects not allowed, names that
+    # cannot be placed) refuses it now, before any tensor is read.
+    assemble_state(tree, dict.fromkeys(targets, _PLACEHOLDER), whole=whole, allow_objects=allow_objects, source=path)
     device = torch.device(map_location)
     tensors: dict[str, torch.Tensor] = {}
     with reader:
@@ -206,27 +279,17 @@ def load(
                 dest = allocate(shape, dtype, what=repr(key))
             else:  # padding no piece covers (vocab, ZeRO alignment) reads as zeros, not garbage
                 dest = allocate(shape, dtype, zeros=True, what=repr(key))
+            if filled is not None:
+                filled.add(key)
             for piece in tspec.pieces:
                 _fill(reader, piece.logical, piece.target, piece.local, _local(dest))
             if into_tensors is None and device.type != "cpu":
                 dest = dest.to(device)
             tensors[key] = dest
+    return assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
 
-    placed: set[str] = set()
-    missing = object()
 
-    def resolve(key: str) -> Any:
-        if key in tensors:
-            placed.add(key)
-            return tensors[key]
-        return missing
-
-    state = unflatten_state(tree, resolve, allow_objects=allow_objects, missing=missing) if tree is not None else {}
-    if isinstance(state, dict):
-        for key, tensor in tensors.items():
-            if key not in placed:
-                set_path(state, key, tensor)
-    return state
+_PLACEHOLDER = torch.empty(0)
 
 
 def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
@@ -258,7 +321,7 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
             # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
-            known = getattr(spec, "local", {}).get(key)
+            known = spec.local.get(key)
             if not pieces and known is None:
                 continue
             tspec = TensorSpec(key, pieces, tspec.replica, tspec.replicas, tspec.policy)
@@ -285,7 +348,22 @@ def _local_shape(pieces) -> tuple[int, ...]:
     return tuple(max(b.stops[d] for b in boxes) for d in range(boxes[0].ndim))
 
 
+def _check_into(key: str, tensor: torch.Tensor) -> None:
+    """A tensor to load into must have memory the bytes can go to."""
+    if tensor.device.type == "meta":
+        raise UnsupportedTensorError(
+            f"cannot load {key!r} into a tensor on the meta device (it has no memory); materialize it first "
+            "(e.g. module.to_empty(device='cpu')) or load without into="
+        )
+    if tensor.is_nested or tensor.layout != torch.strided:
+        kind = "nested" if tensor.is_nested else str(tensor.layout)
+        raise UnsupportedTensorError(
+            f"cannot load {key!r} into a sparse tensor ({kind}); load without into= and convert the result"
+        )
+
+
 def _check_fits(reader, key, tspec, tensor, shape, dtype, *, exact: bool) -> None:
+    _check_into(key, tensor)
     got = (list(tensor.shape), dtype_name(tensor.dtype))
     fits = tuple(tensor.shape) == tuple(shape) if exact else all(
         (isinstance(p.local, Box) and len(p.local.sizes) == tensor.dim() and Box.full(tuple(tensor.shape)).contains(p.local))
@@ -356,10 +434,6 @@ def _is_dtensor(tensor: Any) -> bool:
     return type(tensor).__name__ == "DTensor"
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if _is_dtensor(tensor) else tensor
-
-
 def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], strict: bool) -> FragmentMap:
     """A fragment map for an ``into`` state holding DTensors (plain tensors: whole logical tensors)."""
     from ucp.dtensor import dtensor_spec
@@ -377,6 +451,7 @@ def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], stri
             import torch.distributed as dist
 
             rank = dist.get_rank()
+            _check_into(key, tensor.to_local())
             lt, specs[key] = dtensor_spec(key, tensor)
             if (lt.shape, lt.dtype) != (logical[key].shape, logical[key].dtype):
                 raise ShapeMismatchError(
@@ -389,9 +464,3 @@ def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], stri
             specs[key] = TensorSpec(key, (ShardPiece(key, box, box),))
     return FragmentMap(rank=rank, logical=logical, tensors=specs)
 
-
-def _program_text(program: str) -> str:
-    if "\n" not in program and os.path.isfile(program):
-        with open(program, encoding="utf-8") as fh:
-            return fh.read()
-    return program

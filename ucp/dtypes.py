@@ -101,6 +101,16 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def host_array(tensor: torch.Tensor):
+    """A C-contiguous numpy array of the tensor (a view when it already is one, on the CPU).
+
+    Non-contiguous CPU tensors are copied by numpy, not by torch's ``contiguous()``, whose
+    intra-op thread pool stalls when other processes keep the cores busy.
+    """
+    # A conjugate or negative view keeps its values in a lazy bit numpy cannot see: resolve it.
+    return np.ascontiguousarray(to_numpy(tensor.detach().to("cpu").resolve_conj().resolve_neg()))
+
+
 def from_numpy(array: np.ndarray, name: str) -> torch.Tensor:
     """A tensor of torch dtype ``name`` viewing ``array`` (stored in the storage dtype)."""
     tensor = torch.from_numpy(array)

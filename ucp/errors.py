@@ -89,3 +89,23 @@ class CheckpointExistsError(UcpError, FileExistsError):
 
 class TensorTooLargeError(UcpError, MemoryError):
     """A tensor the manifest describes cannot be allocated in host memory."""
+
+
+class NameConflictError(UcpError, ValueError):
+    """Two things would land on one name: a tensor added twice, or a loaded tensor onto a state key."""
+
+
+class UnsupportedTensorError(UcpError, TypeError):
+    """A tensor without plain strided memory (sparse, nested, on the meta device) to save from or load into."""
+
+
+class InvalidArgumentError(UcpError, ValueError, TypeError):
+    """An argument of the API has a wrong type or an out-of-range value."""
+
+
+class RestoreError(UcpError, RuntimeError):
+    """CheckpointManager.restore could not restore a consistent state."""
+
+
+class RestoreFallbackWarning(UserWarning):
+    """CheckpointManager.restore skipped a damaged checkpoint (or recovered one); the message says which and why."""

@@ -23,11 +23,15 @@ import os
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ucp.errors import UcpError
+from ucp.errors import (ChecksumError, CheckpointNotFoundError, FormatError, IncompleteCheckpointError,
+                        InvalidArgumentError, ManifestError, RestoreError, RestoreFallbackWarning,
+                        TensorTooLargeError, TruncatedDataError, UcpError)
+from ucp.commit import delete_checkpoint
 from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
 
 __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
@@ -35,12 +39,18 @@ __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 # What a save killed before its commit leaves behind (ucp.commit.staging_path of a step directory).
 _STALE_STAGING = re.compile(r"^\.step_\d{8,}\.ucp-staging-.+$")
+# Where an overwrite moves the previous checkpoint before renaming the new one in (ucp.commit.commit).
+_MOVED_ASIDE = re.compile(r"^\.(step_\d{8,})\.ucp-staging-old-.+$")
+# What a damaged checkpoint raises while it loads: restore falls back past these, and raises
+# anything else (the caller's mistakes; a checkpoint from a newer format, which needs an upgrade).
+_DAMAGE = (ChecksumError, TruncatedDataError, IncompleteCheckpointError, ManifestError, CheckpointNotFoundError,
+           TensorTooLargeError, FormatError, OSError)
 
 
 def step_dirname(step: int) -> str:
     """``step_00000100`` for step 100 (zero-padded so names sort like steps)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        raise InvalidArgumentError(f"step must be a non-negative integer, got {step!r}")
     return f"step_{step:08d}"
 
 
@@ -63,7 +73,7 @@ class CheckpointManager:
     """Saves, prunes and restores the checkpoints of one training run under ``directory``.
 
     ``rank``/``world_size``/``process_group`` are passed to every save (for an
-    async save, prefer a dedicated group: see :mod:`ucp.async_save`).
+    async save, prefer a dedicated group: see :mod:`ucp.async_saver`).
     ``staging_budget`` bounds the host memory of async saves (bytes).
     ``verify`` makes :meth:`latest`/:meth:`restore` check checksums of the
     candidate first (reads it whole). ``save_options`` go to every save
@@ -85,13 +95,13 @@ class CheckpointManager:
         save_options: dict[str, Any] | None = None,
     ) -> None:
         if not callable(getattr(save_policy, "should_save", None)):
-            raise TypeError(f"save_policy {save_policy!r} has no should_save method")
+            raise InvalidArgumentError(f"save_policy {save_policy!r} has no should_save method")
         if not callable(getattr(retention, "keep", None)):
-            raise TypeError(f"retention {retention!r} has no keep method")
+            raise InvalidArgumentError(f"retention {retention!r} has no keep method")
         from ucp.storage import Storage
 
         if world_size not in (None, 1) and process_group is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"world_size={world_size} needs a process_group to commit each save across ranks; "
                 "pass one (e.g. torch.distributed.new_group(backend='gloo'))"
             )
@@ -107,7 +117,7 @@ class CheckpointManager:
         self._save_options = dict(save_options or {})
         self._saver = None
         if async_save:
-            from ucp.async_save import AsyncSaver
+            from ucp.async_saver import AsyncSaver
 
             self._saver = AsyncSaver(staging_budget=staging_budget)
         self._pending: list[tuple[int, Any]] = []  # (step, handle) of async saves not yet finalized
@@ -218,33 +228,66 @@ class CheckpointManager:
         of ``into`` (a step counter, a learning rate) are replaced by the saved ones.
         ``load_options`` are those of :func:`ucp.load` (``strict``, ``verify``, ``spec``...).
 
+        A checkpoint that turns out damaged while it loads (a checksum mismatch, a missing
+        or truncated file, a manifest that does not parse) is skipped with a
+        :class:`~ucp.errors.RestoreFallbackWarning` naming it and why, and the next older
+        one is loaded; with a process group every rank falls back together. Errors of the
+        caller (``into`` does not match) are raised, not skipped.
+
         Example::
 
             step = manager.restore(into=state)
             start = 0 if step is None else step + 1
         """
-        import ucp
+        from ucp.api import load_recording
 
         self._finalize(block=True)
         if self.rank == 0:
             self.sweep_stale_saves()
-        step = self.latest_step()
-        if step is None:
-            return None
-        loaded = ucp.load(self.path_for(step), into=into, **load_options)
-        _merge_in_place(into, loaded)  # tensors were filled in place; the rest (step, lr, ...) too
-        return step
+        skipped: list[tuple[str, set[str]]] = []  # (path, keys its failed load may have filled)
+        for step in self._broadcast(self.steps() if self.rank == 0 else None):
+            path = self.path_for(step)
+            filled: set[str] = set()
+            try:
+                if self.verify and self.rank == 0 and not _verified(path):
+                    raise ChecksumError(f"{path} does not verify (ucp verify {path})")
+                loaded, error = load_recording(path, into, filled=filled, **load_options), None
+            except _DAMAGE as err:
+                loaded, error = None, err
+            except Exception as err:  # noqa: BLE001 - the caller's error: every rank raises it
+                self._agree(f"{type(err).__name__}: {err}", fatal=True)
+                raise
+            damage = self._agree(None if error is None else f"{type(error).__name__}: {error}")
+            if damage is not None:
+                warnings.warn(f"skipped {path}: {damage}", RestoreFallbackWarning, stacklevel=2)
+                skipped.append((path, filled))
+                continue
+            tainted = self._agree(_tainted(skipped, filled, path))
+            if tainted is not None:
+                raise RestoreError(tainted)
+            _merge_in_place(into, loaded)  # tensors were filled in place; the rest (step, lr, ...) too
+            return step
+        if skipped:
+            raise RestoreError(
+                f"no checkpoint under {self.directory} could be restored (every one is damaged: "
+                f"{', '.join(p for p, _ in skipped)}); repair or remove them to start over"
+            )
+        return None
 
     def sweep_stale_saves(self) -> list[str]:
-        """Delete the staging directories of saves that died before committing; return their names.
+        """Recover checkpoints an interrupted overwrite moved aside, then delete what dead saves left; return the names deleted.
 
         A job killed mid-save leaves ``.step_NNNNNNNN.ucp-staging-*`` beside the
-        checkpoints (never a checkpoint: it has no committed manifest). :meth:`restore`
-        calls this on rank 0, when no save of this job can be in flight; saves
-        still pending in this manager are never touched.
+        checkpoints (never a checkpoint: it has no committed manifest). A kill between the
+        two renames of an overwrite leaves the previous checkpoint in
+        ``.step_NNNNNNNN.ucp-staging-old-*`` and no step directory: that one is renamed
+        back (with a :class:`~ucp.errors.RestoreFallbackWarning`), never deleted.
+        :meth:`restore` calls this on rank 0, when no save of this job can be in flight;
+        saves still pending in this manager are never touched.
         """
         if not self._store.local or not os.path.isdir(self.directory):
             return []  # other stores commit by manifest marker: no staging directories
+        self._recover_moved_aside()
         in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
         removed = []
         for name in sorted(os.listdir(self.directory)):
@@ -256,6 +299,27 @@ class CheckpointManager:
                 removed.append(name)
         return removed
 
+    def _recover_moved_aside(self) -> None:
+        from ucp.atomic_rename import rename_noreplace
+        from ucp.manifest import MANIFEST_NAME
+
+        moved: dict[str, list[str]] = {}
+        for name in os.listdir(self.directory):
+            match = _MOVED_ASIDE.match(name)
+            if match and os.path.isfile(os.path.join(self.directory, name, MANIFEST_NAME)):
+                moved.setdefault(match.group(1), []).append(os.path.join(self.directory, name))
+        for step_dir, olds in moved.items():
+            final = os.path.join(self.directory, step_dir)
+            if os.path.lexists(final):
+                continue  # the overwrite committed: the old copies are garbage, swept below
+            newest = max(olds, key=lambda p: os.stat(os.path.join(p, MANIFEST_NAME)).st_mtime)
+            try:
+                rename_noreplace(newest, final)
+            except OSError:
+                continue  # someone else recovered (or saved) it meanwhile
+            warnings.warn(f"recovered {self._store.display(step_dir)} from {newest}, where an interrupted "
+                          "overwrite had moved it", RestoreFallbackWarning, stacklevel=3)
+
     # -------------------------------------------------------------- internals
     def _distributed(self) -> bool:
         import torch.distributed as dist
@@ -263,6 +327,35 @@ class CheckpointManager:
         return (
             self._world_size not in (None, 1) or self.process_group is not None
         ) and dist.is_available() and dist.is_initialized()
+
+    def _broadcast(self, steps: list[int] | None) -> list[int]:
+        """Rank 0's committed steps, newest first, on every rank."""
+        if self._distributed():
+            import torch.distributed as dist
+
+            box = [steps]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0)
+                                       if self.process_group is not None else 0, group=self.process_group)
+            steps = box[0]
+        return sorted(steps or [], reverse=True)
+
+    def _agree(self, problem: str | None, *, fatal: bool = False) -> str | None:
+        """The first rank's problem (or None) on every rank, so that all ranks take the same branch.
+
+        ``fatal`` marks a rank that is about to raise: the others raise too, naming it.
+        """
+        if not self._distributed():
+            return problem
+        import torch.distributed as dist
+
+        world = dist.get_world_size(self.process_group)
+        found: list[Any] = [None] * world
+        dist.all_gather_object(found, (problem, fatal), group=self.process_group)
+        for rank, (text, is_fatal) in enumerate(found):
+            if is_fatal and not fatal:
+                raise RestoreError(f"restore failed on rank {rank}: {text}")
+        return next((f"{text} (on rank {rank})" if rank != self.rank else text
+                     for rank, (text, _) in enumerate(found) if text), None)
 
     def _find_latest(self, verify: bool) -> int | None:
         from ucp.manifest import MANIFEST_NAME, Manifest
@@ -307,10 +400,22 @@ class CheckpointManager:
         in_flight = {step for step, _ in self._pending}
         for step in committed:
             if step not in keep and step not in in_flight:
-                try:
-                    self._store.remove(step_dirname(step))
+                try:  # unmade first (manifest or name), so a failure part-way never leaves a half checkpoint
+                    delete_checkpoint(self._store.display(step_dirname(step)))
                 except OSError:
                     pass  # removed by someone else, or not removable now: retried after the next commit
+
+
+def _tainted(skipped: list[tuple[str, set[str]]], filled: set[str], path: str) -> str | None:
+    """Why restoring ``path`` would leave tensors a failed newer load filled in part, or None."""
+    for failed, touched in skipped:
+        left = sorted(touched - filled)
+        if left:
+            shown = ", ".join(map(repr, left[:10])) + (" ..." if len(left) > 10 else "")
+            return (f"cannot restore consistently: {failed} failed part-way and {path} does not hold {shown}, "
+                    "which the failed load may have filled in part; re-initialize those tensors and restore with "
+                    "strict=True, or repair the newer checkpoint")
+    return None
 
 
 def _verified(path: str) -> bool:
@@ -331,10 +436,15 @@ def _merge_in_place(into: Any, loaded: Any) -> None:
                 _merge_in_place(current, value)
             elif not isinstance(current, torch.Tensor):
                 into[key] = value
-    elif isinstance(into, list) and isinstance(loaded, list) and len(into) == len(loaded):
+    elif isinstance(into, list) and isinstance(loaded, list):
+        # The saved list may be longer or shorter (a history that grew): it is what was saved.
         for i, value in enumerate(loaded):
-            current = into[i]
-            if isinstance(current, (dict, list)) and isinstance(value, type(current)):
+            current = into[i] if i < len(into) else None
+            if i >= len(into):
+                into.append(value)
+            elif isinstance(current, (dict, list)) and isinstance(value, type(current)):
                 _merge_in_place(current, value)
             elif not isinstance(current, torch.Tensor):
                 into[i] = value
+        if not any(isinstance(v, torch.Tensor) for v in into[len(loaded):]):
+            del into[len(loaded):]

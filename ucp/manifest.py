@@ -23,6 +23,7 @@ from ucp.checksum import SUPPORTED as CHECKSUM_ALGORITHMS
 from ucp.dtypes import UnsupportedDtypeError, torch_dtype
 from ucp.errors import FormatVersionError, ManifestError
 from ucp.geometry import Region, region_from_dict, region_pieces, region_to_dict
+from ucp.programs import ProgramRecord
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -101,10 +102,14 @@ class Manifest:
     world_size: int = 1
     checksum_algorithm: str | None = None
     layout: dict | None = None
-    program: str | None = None
+    program: ProgramRecord | None = None  # a str or dict (a rank part's JSON) is read into a record
     created: str | None = None
     producer: str = "ucp-middleware"
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.program is not None and not isinstance(self.program, ProgramRecord):
+            object.__setattr__(self, "program", ProgramRecord.from_dict(self.program))
 
     def to_dict(self) -> dict:
         return {
@@ -114,7 +119,7 @@ class Manifest:
             "world_size": self.world_size,
             "checksum_algorithm": self.checksum_algorithm,
             "layout": self.layout,
-            "program": self.program,
+            "program": self.program.to_dict() if self.program is not None else None,
             "tensors": {
                 name: {
                     "dtype": t.dtype,
@@ -165,7 +170,7 @@ class Manifest:
                 world_size=int(data["world_size"]),
                 checksum_algorithm=algorithm,
                 layout=data.get("layout"),
-                program=data.get("program"),
+                program=None if data.get("program") is None else ProgramRecord.from_dict(data["program"], source=source),
                 created=data.get("created"),
                 producer=str(data.get("producer", "")),
                 extra=dict(data.get("extra") or {}),

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ucp.errors import InvalidArgumentError
+
 __all__ = [
     "SavePolicy",
     "EveryNSteps",
@@ -50,7 +52,7 @@ class RetentionPolicy(Protocol):
 
 def _positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
@@ -83,7 +85,7 @@ class EveryTSeconds:
 
     def __post_init__(self) -> None:
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not self.seconds > 0:
-            raise ValueError(f"EveryTSeconds seconds must be a positive number, got {self.seconds!r}")
+            raise InvalidArgumentError(f"EveryTSeconds seconds must be a positive number, got {self.seconds!r}")
 
     def should_save(self, *, step: int, seconds_since_save: float) -> bool:
         return seconds_since_save >= self.seconds
@@ -101,10 +103,10 @@ class AnyOf:
 
     def __init__(self, *policies: SavePolicy) -> None:
         if not policies:
-            raise ValueError("AnyOf needs at least one save policy")
+            raise InvalidArgumentError("AnyOf needs at least one save policy")
         for policy in policies:
             if not callable(getattr(policy, "should_save", None)):
-                raise TypeError(f"AnyOf: {policy!r} has no should_save method")
+                raise InvalidArgumentError(f"AnyOf: {policy!r} has no should_save method")
         object.__setattr__(self, "policies", tuple(policies))
 
     def should_save(self, *, step: int, seconds_since_save: float) -> bool:
@@ -171,10 +173,10 @@ class KeepUnion:
 
     def __init__(self, *policies: RetentionPolicy) -> None:
         if not policies:
-            raise ValueError("KeepUnion needs at least one retention policy")
+            raise InvalidArgumentError("KeepUnion needs at least one retention policy")
         for policy in policies:
             if not callable(getattr(policy, "keep", None)):
-                raise TypeError(f"KeepUnion: {policy!r} has no keep method")
+                raise InvalidArgumentError(f"KeepUnion: {policy!r} has no keep method")
         object.__setattr__(self, "policies", tuple(policies))
 
     def keep(self, steps: Sequence[int]) -> set[int]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ucp.errors import AsyncSaveError
+from ucp.errors import AsyncSaveError, InvalidArgumentError
 
 __all__ = ["StagingPool", "StagedBlock", "PoolStats", "DEFAULT_BUDGET_BYTES", "staged_nbytes"]
 
@@ -82,7 +82,7 @@ class StagingPool:
 
     def __init__(self, *, budget_bytes: int = DEFAULT_BUDGET_BYTES, pin_memory: bool | None = None) -> None:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < ALIGN:
-            raise ValueError(f"staging budget must be an integer of at least {ALIGN} bytes, got {budget_bytes!r}")
+            raise InvalidArgumentError(f"staging budget must be an integer of at least {ALIGN} bytes, got {budget_bytes!r}")
         self.budget_bytes = budget_bytes
         # Pinned host memory makes device->host copies faster; only possible with CUDA.
         self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -139,13 +139,13 @@ class StagingPool:
     def stage(self, tensor: torch.Tensor, *, timeout: float | None = None) -> StagedBlock:
         """Copy ``tensor`` into the arena, waiting for space if the ring is full.
 
-        Raises ``ValueError`` when the tensor is larger than the whole arena
+        Raises :class:`~ucp.errors.InvalidArgumentError` (a ValueError) when the tensor is larger than the whole arena
         (check :meth:`fits` first) and :class:`AsyncSaveError` when the pool
         was interrupted while waiting.
         """
         nbytes = staged_nbytes(tensor)
         if nbytes > self.capacity_bytes:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"tensor of {nbytes} bytes does not fit a staging arena of {self.capacity_bytes} bytes; "
                 "raise the staging budget or write it directly"
             )

@@ -97,7 +97,8 @@ class InertObject:
     """Stands in for an object of a class that was not allowed: it records, and never runs anything.
 
     ``origin`` is the ``module.name`` the pickle asked for; ``args``/``kwargs`` what it
-    was called with; ``state`` what ``__setstate__`` received.
+    was called with; ``state`` what ``__setstate__`` received; ``called`` whether the
+    pickle called the class (``cls(*args)``) rather than only ``cls.__new__(cls, *args)``.
 
     >>> cls = _stand_in("deepspeed.runtime.fp16.loss_scaler", "LossScaler")
     >>> obj = cls(1.0); obj.__setstate__({"cur_scale": 4.0})
@@ -107,10 +108,18 @@ class InertObject:
 
     origin = "?"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    # __new__, not __init__: pickle's NEWOBJ opcode builds objects with cls.__new__(cls, *args)
+    # and never calls __init__, and the arguments must be kept either way.
+    def __new__(cls, *args: Any, **kwargs: Any) -> "InertObject":
+        self = super().__new__(cls)
         self.args = args
         self.kwargs = kwargs
-        self.state: Any = None
+        self.state = None
+        self.called = False
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.called = True  # built by calling the class (REDUCE), not by NEWOBJ alone
 
     def __setstate__(self, state: Any) -> None:
         self.state = state

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from ucp.errors import ShapeMismatchError, UcpError
 from ucp.geometry import Box, FlatRange, Region, split_evenly
 from ucp.spec import SPREAD_MIN_BYTES, ShardPiece, TensorSpec
 
@@ -51,31 +50,20 @@ def write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> lis
     return [(local, target)]
 
 
-def local_region(tensor: torch.Tensor, region: Region, key: str) -> torch.Tensor:
-    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range."""
+def local_region(tensor: torch.Tensor, region: Region) -> torch.Tensor:
+    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range.
+
+    The piece must fit (:func:`ucp.save_checks.check_pieces` says so first).
+    """
     if isinstance(region, Box):
-        if region.ndim != tensor.dim() or not Box.full(tuple(tensor.shape)).contains(region):
-            raise ShapeMismatchError(
-                f"tensor {key!r} has shape {list(tensor.shape)}, which does not contain the spec's local box "
-                f"{region}; fix the spec or pass the right tensor"
-            )
         return tensor[region.slices()] if region.ndim else tensor
-    if region.stop > tensor.numel():
-        raise ShapeMismatchError(
-            f"tensor {key!r} has {tensor.numel()} elements, fewer than the spec's local range {region}; fix the spec"
-        )
     return tensor.reshape(-1)[region.start : region.stop]
 
 
-def average_replicas(data: torch.Tensor, replicas: int, world_size: int, pg: Any, key: str) -> torch.Tensor:
-    """The element-wise mean of the replicas (policy ``average``: an opt-in all-reduce)."""
+def average_replicas(data: torch.Tensor, replicas: int, pg: Any) -> torch.Tensor:
+    """The element-wise mean of the replicas (policy ``average``: an opt-in all-reduce over the whole group)."""
     import torch.distributed as dist
 
-    if replicas != world_size:
-        raise UcpError(
-            f"tensor {key!r}: policy 'average' needs its replicas to be the whole process group "
-            f"({replicas} replicas, {world_size} ranks); average it yourself or use 'check-equal'"
-        )
     out = data.detach().clone()
     dist.all_reduce(out, group=pg)
     return out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")

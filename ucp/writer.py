@@ -29,15 +29,16 @@ from typing import Any, Callable
 import torch
 
 from ucp import checksum as _checksum
-from ucp.commit import (SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, new_token, open_target,
-                        read_parts, write_part)
-from ucp.dtypes import check_supported, storage_dtype, to_numpy
-from ucp.errors import CheckpointExistsError, ShapeMismatchError, UcpError
+from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing,
+                        new_token, open_target, write_part)
+from ucp.dtypes import host_array, storage_dtype
+from ucp.errors import CheckpointExistsError, InvalidArgumentError, LayoutError, NameConflictError, UcpError
 from ucp.geometry import Box, Region, region_to_dict
 from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.storage import SMALL_ARRAY_BYTES, chunk_count, chunk_rows_for
+from ucp.save_checks import check_average, check_pieces, check_tensor
 from ucp.write_units import average_replicas, local_region, write_units
 
 # Writes kept in flight: enough to keep the disk busy with many small tensors, few
@@ -106,10 +107,10 @@ class CheckpointWriter:
 
             rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
+            raise LayoutError(f"rank {rank} must be in [0, world_size={world_size})")
         if spec is not None:
             if not isinstance(spec, FragmentMap):
-                raise TypeError(f"spec must be a FragmentMap, got {type(spec).__name__}")
+                raise InvalidArgumentError(f"spec must be a FragmentMap, got {type(spec).__name__}")
             spec.validate()
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self._checksums = checksums
@@ -119,6 +120,7 @@ class CheckpointWriter:
         if layout is not None:
             self._part["layout"] = layout if isinstance(layout, dict) else layout.to_dict()
         self._part["program"] = program
+        self._part["overwrite"] = bool(overwrite)  # finalize commits parts written without a process group
         self._keys: set[str] = set()
         self._pending: deque = deque()
         self._inflight_bytes = 0
@@ -145,19 +147,23 @@ class CheckpointWriter:
             dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
             if box[1] is not None:
                 raise box[1]
-            return open_target(self.path, token=box[0], storage_options=storage_options)
+            return open_target(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options)
         if self.world_size > 1:
-            target = open_target(self.path, token=SHARED_TOKEN, storage_options=storage_options)
-            if target.final.exists(MANIFEST_NAME) and not overwrite:
+            target = open_target(self.path, token=SHARED_TOKEN, overwrite=overwrite, storage_options=storage_options)
+            if existing(target.final) == "checkpoint" and not overwrite:
                 raise CheckpointExistsError(
                     f"a checkpoint already exists at {target.final.display()}; pass overwrite=True to replace it "
                     "or save to a new path"
                 )
+            if target.strategy == "marker" and overwrite:
+                target.final.remove(MANIFEST_NAME)  # un-commit the old one before its files change
             if target.strategy == "rename":
                 import os
 
                 os.makedirs(target.storage.root, exist_ok=True)
             target.storage.reused = True  # a killed earlier attempt may have left arrays there
+            # ... and its part: were this rank to die now, finalize must not merge that one.
+            target.storage.remove(PARTS_DIR, f"rank-{self.rank:05d}.json")
             return target
         return begin_save(self.path, token=new_token(), overwrite=overwrite, storage_options=storage_options)
 
@@ -166,7 +172,8 @@ class CheckpointWriter:
         """Write this rank's fragments of local tensor ``key`` (queued to the store right away)."""
         self._check_open()
         if key in self._keys:
-            raise ValueError(f"tensor {key!r} was already added to this checkpoint")
+            raise NameConflictError(f"tensor {key!r} was already added to this checkpoint")
+        name = check_tensor(tensor, key=key)
         self._keys.add(key)
         if _is_dtensor(tensor):
             from ucp.dtensor import dtensor_spec
@@ -174,7 +181,6 @@ class CheckpointWriter:
             logical, tspec = dtensor_spec(key, tensor)
             self._add_pieces(key, tensor.to_local(), tspec, {logical.name: logical})
             return
-        name = check_supported(tensor.dtype, key=key)
         tspec = self.spec.tensors.get(key) if self.spec is not None else None
         if tspec is not None:
             self._add_pieces(key, tensor, tspec, self.spec.logical)
@@ -186,22 +192,20 @@ class CheckpointWriter:
         self._add_pieces(key, tensor, tspec, {key: LogicalTensor(key, shape, name)})
 
     def _add_pieces(self, key: str, tensor: torch.Tensor, tspec: TensorSpec, logical: dict) -> None:
-        name = check_supported(tensor.dtype, key=key)
+        check_pieces(key, tensor, tspec, logical)
+        if self._pg is not None:
+            check_average(key, tspec, self.world_size)
+        name = check_tensor(tensor, key=key)
         for piece in tspec.pieces:
             lt = logical[piece.logical]
-            if lt.dtype != name:
-                raise ShapeMismatchError(
-                    f"tensor {key!r} is {name} but its spec maps it onto {piece.logical!r} of dtype {lt.dtype}; "
-                    f"convert the tensor (tensor.to(torch.{lt.dtype})) or fix the spec"
-                )
             self._part["logical"][lt.name] = {"dtype": lt.dtype, "shape": list(lt.shape)}
-            data = local_region(tensor, piece.local, key)
+            data = local_region(tensor, piece.local)
             replicas = tspec.replicas
             if replicas > 1 and tspec.policy == "average" and self._pg is not None:
-                data = average_replicas(data, replicas, self.world_size, self._pg, key)
+                data = average_replicas(data, replicas, self._pg)
             if replicas > 1 and tspec.policy == "check-equal" and self._pg is not None:
                 self._part["replica_digests"].append(
-                    [lt.name, region_to_dict(piece.target), _checksum.digest(_host_array(data))]
+                    [lt.name, region_to_dict(piece.target), _checksum.digest(host_array(data))]
                 )
             for sub_local, sub_target in write_units(piece, data, tspec):
                 self._write(lt.name, name, data, sub_local, sub_target)
@@ -213,14 +217,14 @@ class CheckpointWriter:
         else:
             part = data[local.start : local.stop]
             shape = (local.numel,)
-        array = _host_array(part).reshape(shape)
+        array = host_array(part).reshape(shape)
         rows = chunk_rows_for(shape, array.itemsize)
         chunks = chunk_count(shape, rows)
         if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
             self._add_to_pack(logical, array, target, rows)
             return
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", logical)[:80]
-        rel = f"data/r{self.rank}/{self._counter:06d}-{safe}"
+        rel = f"data/{self._target.key_prefix}r{self.rank}/{self._counter:06d}-{safe}"
         self._counter += 1
         attributes = {"ucp": {"dtype": dtype, "logical": logical, "region": region_to_dict(target)}}
         frag = Fragment(key=rel.removeprefix("data/"), rank=self.rank, region=target,
@@ -259,7 +263,7 @@ class CheckpointWriter:
         The pack is written straight from the fragments' memory when it is full (or flushed).
         """
         if self._pack_key is None:
-            self._pack_key = f"r{self.rank}/pack-{self._counter:06d}"
+            self._pack_key = f"{self._target.key_prefix}r{self.rank}/pack-{self._counter:06d}"
             self._counter += 1
         frag = Fragment(key=self._pack_key, rank=self.rank, region=target, nbytes=array.nbytes,
                         chunk_rows=rows, pack_offset=self._pack_len).to_dict()
@@ -341,10 +345,10 @@ class CheckpointWriter:
         try:
             self._flush_pack()
             self._pump(drain=True)
-            self._target.storage.sync(under=f"data/r{self.rank}")
+            self._target.storage.sync(under=f"data/{self._target.key_prefix}r{self.rank}")
         except Exception as err:  # noqa: BLE001
             if self._pg is None:
-                self._cleanup()
+                self._give_up(f"{type(err).__name__}: {err}")
                 raise
             self._part["error"] = f"{type(err).__name__}: {err}"
         if self._pg is not None:
@@ -353,7 +357,7 @@ class CheckpointWriter:
             write_part(self._target, self.rank, self._part)
             return self._result(committed=False)
         try:
-            manifest = merge_parts([self._part], created=_now())
+            manifest = merge_parts([self._part], created=utc_now())
             commit(self._target, manifest)
         except BaseException:
             self._cleanup()
@@ -361,27 +365,34 @@ class CheckpointWriter:
         return self._result(committed=True, manifest=manifest)
 
     def _close_collective(self) -> SaveResult:
+        """Gather the parts, merge, commit on rank 0, broadcast the outcome.
+
+        :meth:`_abort` makes the same two collectives in the same order, so a rank that
+        aborts and ranks that close always meet, and every rank learns why a save failed.
+        """
         import torch.distributed as dist
 
         parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, self._part, group=self._pg)
         outcome: list[Any] = [None]
-        manifest = None
+        manifest = failure = None
         try:
-            manifest = merge_parts(parts, created=_now())  # every rank checks, so every rank raises alike
+            manifest = merge_parts(parts, created=utc_now())  # every rank checks, so every rank raises alike
         except UcpError as err:
-            if self.rank == 0:
-                self._cleanup()
-            if self._part["error"]:
-                raise UcpError(f"save aborted on this rank: {self._part['error']}") from err
-            raise
+            failure = err
         if self.rank == 0:
             try:
-                commit(self._target, manifest)
+                if failure is None:
+                    commit(self._target, manifest)
             except Exception as err:  # noqa: BLE001 - reported to every rank
                 outcome[0] = err
+            if failure is not None or outcome[0] is not None:
                 self._cleanup()
         dist.broadcast_object_list(outcome, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        if failure is not None:
+            if self._part["error"]:
+                raise UcpError(f"save aborted on this rank: {self._part['error']}") from failure
+            raise failure
         if outcome[0] is not None:
             raise outcome[0]
         return self._result(committed=True, manifest=manifest)
@@ -389,7 +400,8 @@ class CheckpointWriter:
     def abort(self, reason: str | None = None) -> None:
         """Give up this save: nothing is committed (collective with a process group).
 
-        ``reason`` is what the other ranks' ``close()`` reports.
+        ``reason`` is what the other ranks' ``close()`` reports (and, without a process
+        group, what :func:`finalize` reports for this rank).
         """
         if self._closed:
             return
@@ -406,17 +418,32 @@ class CheckpointWriter:
             except Exception:  # noqa: BLE001 - the save is being thrown away
                 pass
         self._pending.clear()
+        reason = self._part["error"] or reason or f"aborted by rank {self.rank}"
         if self._pg is not None:
             import torch.distributed as dist
 
-            self._part["error"] = self._part["error"] or reason or f"aborted by rank {self.rank}"
+            self._part["error"] = reason
             parts: list[Any] = [None] * self.world_size
             dist.all_gather_object(parts, self._part, group=self._pg)
             if self.rank == 0:
                 self._cleanup()
             dist.broadcast_object_list([None], src=dist.get_global_rank(self._pg, 0), group=self._pg)
-        elif self.world_size == 1:
+        else:
+            self._give_up(reason)
+
+    def _give_up(self, reason: str) -> None:
+        """Without a process group: remove this save, or, when ranks share the staging area, say why in a part.
+
+        A rank never removes the shared staging area: the other ranks are still writing into it.
+        """
+        if self.world_size == 1:
             self._cleanup()
+            return
+        self._part["error"] = reason
+        try:
+            write_part(self._target, self.rank, self._part)
+        except OSError:
+            pass  # finalize then reports the part as missing
 
     def _cleanup(self) -> None:
         try:
@@ -446,22 +473,6 @@ class CheckpointWriter:
             self.abort(f"{exc_type.__name__}: {exc}")
 
 
-def finalize(path: str, *, world_size: int, storage_options: dict | None = None) -> SaveResult:
-    """Commit a checkpoint whose ``world_size`` ranks each closed a writer without a process group.
-
-    Example::
-
-        # on every rank:  ucp.save(state, "ckpt/5", rank=r, world_size=4)
-        # then, once:     ucp.finalize("ckpt/5", world_size=4)
-    """
-    target = open_target(path, token=SHARED_TOKEN, storage_options=storage_options)
-    parts = read_parts(target, world_size)
-    manifest = merge_parts(parts, created=_now())
-    commit(target, manifest)
-    return SaveResult(str(path), 0, world_size, True, sum(len(t.fragments) for t in manifest.tensors.values()),
-                      0, manifest)
-
-
 def _record_checksum(checksums: list[str], index: int, found: str | None) -> None:
     if found is not None:
         checksums[index] = found
@@ -472,20 +483,10 @@ def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> 
         frag["checksums"] = [digest] if digest is not None else []
 
 
-def _host_array(tensor: torch.Tensor):
-    """A C-contiguous numpy array of the tensor (a view when it already is one, on the CPU).
-
-    Non-contiguous CPU tensors are copied by numpy, not by torch's ``contiguous()``, whose
-    intra-op thread pool stalls when other processes keep the cores busy.
-    """
-    import numpy as np
-
-    return np.ascontiguousarray(to_numpy(tensor.detach().to("cpu")))
-
-
 def _is_dtensor(tensor: Any) -> bool:
     return type(tensor).__name__ == "DTensor"
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The commit time a manifest records (ISO 8601, UTC, seconds)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

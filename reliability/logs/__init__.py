@@ -5,14 +5,17 @@ The entry point is :func:`analyze_logs`; the command line is ``ucp logs analyze`
 
 Example::
 
-    from reliability.logs import analyze_logs
-    result = analyze_logs(["/var/log/slurm", "kern.log.gz"])
-    print(result.rates["failures_per_1000_node_days"], len(result.incidents))
+    from reliability.logs import analyze_logs, dask_runner
+    result = analyze_logs(["/var/log/slurm", "kern.log.gz"], run=dask_runner(workers=4))
+    print(result.rates["failures_per_1000_node_days"], len(result.incidents), len(result.discovered))
 """
 
 from reliability.logs.analyze import AnalysisOptions, LogAnalysis, analyze_logs
 from reliability.logs.errors import LogInputError, TaxonomyError, TemplateStateError
+from reliability.logs.parallel import dask_runner
 from reliability.logs.taxonomy import Taxonomy, load_taxonomy
+from reliability.logs.template_state import TemplateSet
+from reliability.logs.templates import parse_templates
 
 __all__ = ["AnalysisOptions", "LogAnalysis", "analyze_logs", "LogInputError", "TaxonomyError",
-           "TemplateStateError", "Taxonomy", "load_taxonomy"]
+           "TemplateStateError", "Taxonomy", "load_taxonomy", "TemplateSet", "parse_templates", "dask_runner"]

@@ -1,13 +1,25 @@
-"""The pipeline: stream lines -> parse -> mask -> template + category (cached) -> events -> incidents -> metrics.
+"""The pipeline: partitions -> scans (map) -> merge -> templates, detection, categories -> incidents -> metrics.
 
-Speed comes from *line shapes*: lines equal up to their ASCII digits parse
-alike, so only the first line of each shape goes through the full reader and
-masker; the rest are read by slicing (see :class:`_Shapes`). Normal lines are
-counted, never turned into objects.
+:mod:`reliability.logs.scan` reads each partition (a file or a byte range of
+one) and counts its lines by masked key; this module merges the scans in
+partition order and decides, once per key, with the whole run in view:
+
+1. templates: the keys' template tokens are mined into templates
+   (:mod:`reliability.logs.miner`), keeping the ids of a ``state_path`` file;
+2. a key is a failure when a taxonomy rule says so, or when the detector
+   (:mod:`reliability.logs.detect`: severity, failure words, template rarity
+   and node spread) does; a rule for ``normal`` wins over the detector;
+3. a failure key without a rule gets a category from the taxonomy's model
+   when it is confident, else a *discovered* category
+   (:mod:`reliability.logs.discover`) - never ``normal``;
+4. failure lines become events; events fold into incidents; rates and fits follow.
+
+Every step after the scans is a function of the merged scans, and the merge
+follows partition order, so one worker or many give the same report.
 
 Example::
 
-    result = analyze_logs(["/var/log/slurm", "kern.log.gz"], state_path="templates.drain3")
+    result = analyze_logs(["/var/log/slurm", "kern.log.gz"], state_path="templates.json")
     result.rates["failures_per_1000_node_days"], len(result.incidents)
     json.dump(result.to_dict(), open("report.json", "w"))
 """
@@ -16,24 +28,25 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache, partial
 
 import numpy as np
 
+from reliability.logs.detect import Detector, TemplateStats
+from reliability.logs.discover import DiscoveredCategory, FlaggedTemplate, discover_categories
+from reliability.logs.header import SEVERITY_NAMES
 from reliability.logs.incidents import Incident, LemonNode, build_incidents, lemon_nodes
-from reliability.logs.inputs import iter_blocks
-from reliability.logs.masking import kept_numbers, mask, may_keep_numbers
+from reliability.logs.masking import mask
 from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
-from reliability.logs.readers import LineReader, LineShape
-from reliability.logs.records import Classification, Event, InputCounters
+from reliability.logs.miner import TemplateMiner
+from reliability.logs.parallel import run_in_process
+from reliability.logs.records import Event, InputCounters
+from reliability.logs.scan import DEFAULT_SPLIT_BYTES, PartialScan, Partition, plan_partitions, scan_partition
 from reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
-from reliability.logs.templates import TemplateStore
+from reliability.logs.template_state import TemplateSet
 
-SCHEMA_VERSION = 1
-_EXACT_CACHE_MAX = 200_000
-_MASK_CACHE_MAX = 1_000_000
-_SHAPE_CACHE_MAX = 200_000  # ~50 MB at most: GB-scale runs stay in bounded memory
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class AnalysisOptions:
     lemon_p_value: float = 0.01
     gpus_per_node: int = 8
     default_year: int | None = None
+    split_bytes: int = DEFAULT_SPLIT_BYTES  # plain files larger than this are read as several partitions
 
 
 @lru_cache(maxsize=4)
@@ -55,110 +69,72 @@ def _trained_model(taxonomy: Taxonomy):
     return TemplateClassifier.train(taxonomy)
 
 
-class TemplateJudge:
-    """Masked line -> (template id, classification): rules, then taxonomy templates, then the model.
+@lru_cache(maxsize=4)
+def _domain_model(taxonomy: Taxonomy):
+    from reliability.logs.classifier import TemplateClassifier
 
-    Rules see every new masked line; the model sees each drain3 template once
-    (its text at first sight), because one prediction costs milliseconds.
-    """
-
-    def __init__(self, taxonomy: Taxonomy, store: TemplateStore):
-        self.taxonomy = taxonomy
-        self.store = store
-        self._by_template: dict[int, Classification] = {}
-        self.method_counts: dict[str, int] = {}
-
-    def judge(self, masked: str, message: str) -> tuple[int, str, float, bool]:
-        tid = self.store.template_id(masked)
-        verdict = self.classify(masked, message, template_id=tid)
-        self.method_counts[verdict.method] = self.method_counts.get(verdict.method, 0) + 1
-        return tid, verdict.category, verdict.confidence, verdict.is_failure
-
-    def classify(self, masked: str, message: str, *, template_id: int | None = None) -> Classification:
-        path = self.taxonomy.match_rule(message)
-        if path is not None:
-            return Classification(path, 1.0, "rule")
-        path = self.taxonomy.match_template(masked)
-        if path is not None:
-            return Classification(path, 1.0, "template")
-        verdict = self._by_template.get(template_id) if template_id is not None else None
-        if verdict is None:
-            verdict = _trained_model(self.taxonomy).classify(masked)
-            if template_id is not None:
-                self._by_template[template_id] = verdict
-        return verdict
+    return TemplateClassifier.train_domains(taxonomy)
 
 
-# A failure line while the run streams: the fields of Event but its incident, built
-# as a cheap tuple; the frozen Event is made once, when the incident is known.
-_Draft = namedtuple("_Draft", [f for f in Event.__dataclass_fields__ if f != "incident_id"])
+@dataclass(frozen=True)
+class KeyVerdict:
+    """The decision on one masked key: its category and how it was reached."""
 
-_EMPTY = ("empty",)  # shape markers, compared by identity in the hot loop
-_SLOW = ("slow",)
-_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False)
-_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False)
+    category: str
+    confidence: float
+    method: str  # "rule", "template", "model", "detector" (discovered) or "none"
+    discovered: bool = False
+
+    @property
+    def is_failure(self) -> bool:
+        return self.category not in (NORMAL, "unclassified")
 
 
-class _Shapes:
-    """Shape key -> how to read lines of that shape, learned from each shape's first line.
+# A failure line before its incident is known: Event's fields but the last, as a cheap tuple.
+_Draft = namedtuple("_Draft", [f.name for f in fields(Event) if f.name != "incident_id"])
 
-    An entry is ``(convert, ts_start, ts_end, node_start, node_end, keeps_node,
-    hit, msg_start, prefers_last_node)``: the slices and stamp converter of :class:`LineShape`, and
-    the shape's verdict ``hit`` (None when the verdict depends on the numbers the
-    mask keeps - those verdicts live in :attr:`by_numbers`). Every shape is
-    checked on its first line against the full parser; a shape that disagrees
-    is read slowly ever after, so the fast path never changes an answer.
-    """
 
-    def __init__(self, reader: LineReader):
-        self.reader = reader
-        self.known: dict[bytes, tuple] = {}
-        self.by_numbers: dict[tuple, tuple] = {}
+@dataclass
+class MergedScan:
+    """The scans of all partitions folded together (partition order); mutable while merging."""
 
-    def learn(self, key: bytes, file: str, lineno: int, text: str, read_slowly):
-        reader = self.reader
-        if not text.strip():
-            reader.counters.empty += 1
-            self._remember(key, _EMPTY_ENTRY)
-            return None
-        before_ts, before_node = reader.last_ts, reader.last_node
-        shape = reader.shape(text)
-        ts, node, message, hit = read_slowly(file, lineno, text)
-        entry = _SLOW_ENTRY
-        if shape is not None and self._agrees(shape, text, before_ts, before_node, ts, node, message):
-            decisive = may_keep_numbers(message)
-            if not decisive or shape.msg_start is not None:
-                convert, ts_start, ts_end = (None, 0, 0) if shape.ts is None or shape.ts is False else shape.ts
-                node_start, node_end = shape.node if shape.node is not None else (None, None)
-                entry = (convert, ts_start, ts_end, node_start, node_end, shape.keeps_node,
-                         None if decisive else hit, shape.msg_start, shape.prefers_last_node)
-                if decisive:
-                    self.by_numbers[(key, kept_numbers(text, shape.msg_start))] = hit
-        self._remember(key, entry)
-        return ts, node, hit
+    counters: InputCounters = field(default_factory=InputCounters)
+    nodes: set = field(default_factory=set)
+    first: float | None = None
+    last: float | None = None
+    keys: dict = field(default_factory=dict)  # masked key -> KeyInfo of its first partition, counts summed
+    drafts: list = field(default_factory=list)  # (file, line, ts, node, job, key, message)
 
-    def _remember(self, key: bytes, entry: tuple) -> None:
-        if len(self.known) >= _SHAPE_CACHE_MAX:
-            self.known.clear()
-            self.by_numbers.clear()
-        self.known[key] = entry
 
-    @staticmethod
-    def _agrees(shape: LineShape, text: str, before_ts, before_node, ts, node, message) -> bool:
-        if shape.ts is None or shape.ts is False:
-            want_ts = before_ts
+def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
+    """Fold scans in partition order: counters add, first sightings win, line numbers become per-file."""
+    merged = MergedScan()
+    offsets: dict[str, int] = {}
+    for scan in sorted(scans, key=lambda s: s.partition.index):
+        c = scan.counters
+        for f in fields(InputCounters):
+            old = getattr(merged.counters, f.name)
+            setattr(merged.counters, f.name, old + getattr(c, f.name))
+        merged.nodes |= scan.nodes
+        if scan.first_timestamp is not None:
+            merged.first = scan.first_timestamp if merged.first is None else min(merged.first, scan.first_timestamp)
+            merged.last = scan.last_timestamp if merged.last is None else max(merged.last, scan.last_timestamp)
+        for key, info in scan.keys.items():
+            known = merged.keys.get(key)
+            if known is None:  # a copy: merging never changes the scans it is given
+                merged.keys[key] = replace(info, nodes=set(info.nodes))
+            else:
+                known.count += info.count
+                known.nodes |= info.nodes
+                if info.candidate and not known.candidate:  # a rule that only the later text matched
+                    known.candidate = True
+        offset = offsets.get(scan.partition.path, 0)
+        if offset:
+            merged.drafts.extend((d[0], d[1] + offset, *d[2:]) for d in scan.drafts)
         else:
-            convert, start, end = shape.ts
-            want_ts = convert(text[start:end])
-            if want_ts is None:
-                want_ts = before_ts
-        if shape.node is None or (shape.prefers_last_node and before_node is not None):
-            want_node = before_node
-        else:
-            want_node = text[shape.node[0]:shape.node[1]]
-        if shape.msg_start is not None and text[shape.msg_start:] != message:
-            return False
-        return want_ts == ts and want_node == node
+            merged.drafts.extend(scan.drafts)
+        offsets[scan.partition.path] = offset + scan.lines
+    return merged
 
 
 @dataclass(frozen=True)
@@ -176,7 +152,9 @@ class LogAnalysis:
     rates: dict
     fits: dict
     job_projection: tuple[dict, ...]
-    templates: dict
+    templates: dict  # id -> text of the templates of failure lines
+    template_count: int  # templates known after the run (all lines)
+    discovered: tuple[DiscoveredCategory, ...]
     classification_methods: dict
     options: AnalysisOptions
 
@@ -189,15 +167,18 @@ class LogAnalysis:
                 "failure_lines": sum(failures.values()),
                 "normal_lines": self.line_categories.get(NORMAL, 0),
                 "unclassified_lines": self.line_categories.get("unclassified", 0),
+                "discovered_lines": sum(d.lines for d in self.discovered),
                 "incidents": len(self.incidents),
                 "nodes": len(self.nodes),
                 "first_timestamp": self.first_timestamp,
                 "last_timestamp": self.last_timestamp,
-                "templates": len(self.templates),
+                "templates": self.template_count,
+                "failure_templates": len(self.templates),
             },
             "input": self.counters.to_dict(),
-            "categories": dict(sorted(failures.items(), key=lambda kv: -kv[1])),
+            "categories": dict(sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))),
             "line_categories": dict(self.line_categories),
+            "discovered_categories": [d.to_dict() for d in self.discovered],
             "events": [e.to_dict() for e in self.events],
             "incidents": [i.to_dict() for i in self.incidents],
             "lemon_nodes": [n.to_dict() for n in self.lemons],
@@ -211,123 +192,127 @@ class LogAnalysis:
 
 
 def analyze_logs(paths: Iterable[str], *, taxonomy: Taxonomy | None = None, state_path: str | None = None,
-                 options: AnalysisOptions = AnalysisOptions(),
-                 progress: Callable[[int], None] | None = None) -> LogAnalysis:
-    """Analyze the logs ``paths`` names (files, directories, globs, ``.gz``, ``-`` for stdin)."""
+                 options: AnalysisOptions = AnalysisOptions(), detector: Detector | None = None,
+                 progress: Callable[[int, int], None] | None = None,
+                 run: Callable | None = None) -> LogAnalysis:
+    """Analyze the logs ``paths`` names (files, directories, globs, ``.gz``, ``-`` for stdin).
+
+    ``run(partitions, scan)`` maps ``scan`` over the partitions and returns the
+    scans (any order): :func:`reliability.logs.parallel.run_on_dask` runs them
+    on a Dask cluster; the default runs them here, one after the other.
+    ``progress(done, total)`` is called as partitions finish.
+    """
     taxonomy = taxonomy or load_taxonomy()
-    store = TemplateStore(state_path=state_path)
-    judge = TemplateJudge(taxonomy, store)
-    counters = InputCounters()
-    reader = LineReader(default_year=options.default_year, counters=counters)
-    parse = reader.parse
-    exact: dict[str, tuple] = {}
-    by_mask: dict[str, tuple] = {}
-    line_categories: dict[str, int] = {}
-    nodes: set[str] = set()
-    events: list[_Draft] = []
+    partitions = plan_partitions(paths, split_bytes=options.split_bytes)
+    scan = partial(scan_partition, taxonomy=taxonomy, default_year=options.default_year)
+    scans = (run or run_in_process)(partitions, scan, progress=progress)
+    known = TemplateSet.load(state_path) if state_path else TemplateSet()
+    result = summarize(merge_scans(scans), taxonomy=taxonomy, templates=known, options=options,
+                       detector=detector or Detector.load())
+    if state_path:
+        known.save(state_path)
+    return result
 
-    def read_slowly(file: str, lineno: int, text: str):
-        # Every step of the pipeline: failure lines, first lines of a shape, odd lines.
-        ts, node, job, message, _source = parse(file, lineno, text)
-        hit = exact.get(message)
-        if hit is None:
-            masked = mask(message)
-            hit = by_mask.get(masked)
-            if hit is None:
-                if len(by_mask) >= _MASK_CACHE_MAX:
-                    by_mask.clear()
-                hit = by_mask[masked] = judge.judge(masked, message)
-            if len(exact) < _EXACT_CACHE_MAX:
-                exact[message] = hit
-        if hit[3]:
-            events.append(_Draft(file=file, line=lineno, timestamp=ts, node=node, job=job, category=hit[1],
-                                 template_id=hit[0], confidence=hit[2], message=message[:500]))
-        return ts, node, message, hit
 
-    shapes = _Shapes(reader)
-    known = shapes.known
-    by_numbers = shapes.by_numbers
-    lo, hi = float("inf"), float("-inf")
-    seen = 0
-    for file, first, texts, keys in iter_blocks(paths, counters=counters):
-        if file != reader.current_file:
-            reader.start_file(file)
-        for lineno, text, key in zip(range(first, first + len(texts)), texts, keys):
-            if text is None:
-                continue
-            shape = known.get(key)
-            if shape is None:  # the first line of its shape: read slowly, and learn the shape
-                learned = shapes.learn(key, file, lineno, text, read_slowly)
-                if learned is None:
-                    continue
-                ts, node, hit = learned
+def template_stats(merged: MergedScan, *, templates: TemplateSet) -> tuple[dict, dict]:
+    """Mine the run's templates; per key its template id and per template its :class:`TemplateStats`."""
+    token_counts: dict[tuple, int] = {}
+    for info in merged.keys.values():
+        token_counts[info.tokens] = token_counts.get(info.tokens, 0) + info.count
+    ids_by_tokens = TemplateMiner(known=templates).fit(token_counts)
+    template_of = {key: ids_by_tokens[info.tokens] for key, info in merged.keys.items()}
+    lines_by_template: dict[int, int] = {}
+    nodes_by_template: dict[int, set] = {}
+    for key, info in merged.keys.items():
+        tid = template_of[key]
+        lines_by_template[tid] = lines_by_template.get(tid, 0) + info.count
+        if info.candidate:
+            nodes_by_template.setdefault(tid, set()).update(info.nodes)
+    total_lines, total_nodes = max(merged.counters.lines, 1), len(merged.nodes)
+    stats = {tid: TemplateStats(lines=n, nodes=len(nodes_by_template.get(tid, ())), total_lines=total_lines,
+                                total_nodes=total_nodes) for tid, n in lines_by_template.items()}
+    return template_of, stats
+
+
+def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
+           detector: Detector) -> tuple[dict, dict, tuple[DiscoveredCategory, ...], dict]:
+    """Per key: template id and verdict; plus the discovered categories and method counts."""
+    template_of, stats_of = template_stats(merged, templates=templates)
+    verdicts: dict[str, KeyVerdict] = {}
+    methods: dict[str, int] = {}
+    unknown: dict[int, list] = {}  # template id -> [(key, info, probability)] flagged without a category
+    for key, info in merged.keys.items():
+        tid = template_of[key]
+        if info.rule is not None:
+            verdict = KeyVerdict(info.rule, 1.0, "rule")
+        elif not info.candidate:
+            verdict = KeyVerdict(NORMAL, 1.0, "none")
+        else:
+            p = detector.probability(info.evidence, stats_of[tid])
+            if p < detector.threshold:
+                verdict = KeyVerdict(NORMAL, round(1.0 - p, 4), "detector")
             else:
-                hit = shape[6]
-                if hit is None:  # the category depends on the numbers the mask keeps ("Xid 79")
-                    numbers = (key, kept_numbers(text, shape[7]))
-                    hit = by_numbers.get(numbers)
-                    if hit is None:
-                        ts, node, _, hit = read_slowly(file, lineno, text)
-                        if len(by_numbers) >= _SHAPE_CACHE_MAX:
-                            by_numbers.clear()
-                        by_numbers[numbers] = hit
-                        shape = None
-                elif hit is _EMPTY:
-                    counters.empty += 1
-                    continue
-                if shape is None:
-                    pass
-                elif hit is _SLOW or (hit[3] and shape[7] is None):
-                    ts, node, _, hit = read_slowly(file, lineno, text)
-                else:  # a line of a known shape: slices and a cached stamp, no envelope regex, no mask
-                    convert = shape[0]
-                    if convert is None:
-                        ts = reader.last_ts
-                    else:
-                        ts = convert(text[shape[1]:shape[2]])
-                        if ts is None:
-                            counters.bad_timestamp += 1
-                            ts = reader.last_ts
-                        else:
-                            reader.last_ts = ts
-                    if ts is None:
-                        counters.no_timestamp += 1
-                    if shape[3] is None or (shape[8] and reader.last_node is not None):
-                        node = reader.last_node
-                    else:
-                        node = text[shape[3]:shape[4]]
-                        if shape[5]:
-                            reader.last_node = node
-                    if hit[3]:
-                        message = text[shape[7]:]
-                        events.append(_Draft(file=file, line=lineno, timestamp=ts, node=node,
-                                             job=reader.job_of(message), category=hit[1], template_id=hit[0],
-                                             confidence=hit[2], message=message[:500]))
-            category = hit[1]
-            line_categories[category] = line_categories.get(category, 0) + 1
-            if node is not None:
-                nodes.add(node)
-            if ts is not None:
-                if ts < lo:
-                    lo = ts
-                if ts > hi:
-                    hi = ts
-            seen += 1
-            if progress is not None and not seen & 0xFFFF:
-                progress(seen)
-    store.save()
-    return _summarize(events, taxonomy=taxonomy, store=store, judge=judge, counters=counters,
-                      line_categories=line_categories, nodes=nodes,
-                      first=lo if lo != float("inf") else None, last=hi if hi != float("-inf") else None,
-                      options=options)
+                guess = _trained_model(taxonomy).classify(info.key)
+                if guess.is_failure:
+                    verdict = KeyVerdict(guess.category, round(guess.confidence, 4), "model")
+                else:
+                    verdict = None
+                    unknown.setdefault(tid, []).append((key, info, p))
+        if verdict is not None:
+            verdicts[key] = verdict
+            methods[verdict.method] = methods.get(verdict.method, 0) + 1
+    discovered = _discover(unknown, templates=templates, taxonomy=taxonomy)
+    for cat in discovered:
+        for tid in cat.template_ids:
+            for key, _info, p in unknown[tid]:
+                verdicts[key] = KeyVerdict(cat.path, round(p, 4), "detector", discovered=True)
+                methods["detector"] = methods.get("detector", 0) + 1
+    return template_of, verdicts, tuple(discovered), methods
 
 
-def _summarize(events, *, taxonomy, store, judge, counters, line_categories, nodes, first, last,
-               options) -> LogAnalysis:
-    incidents, member = build_incidents(events, taxonomy=taxonomy, window_s=options.window_s)
-    events = tuple(Event(*e, member[i]) for i, e in enumerate(events))
+def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy) -> list[DiscoveredCategory]:
+    if not unknown:
+        return []
+    model = _domain_model(taxonomy)
+
+    def domain_of(text: str) -> tuple[str, float]:
+        probs = model.probabilities(mask(text))
+        best = int(probs.argmax())
+        return model.classes[best], float(probs[best])
+
+    flagged = []
+    for tid, members in unknown.items():
+        examples = tuple(dict.fromkeys(info.message for _, info, _ in members))[:5]
+        nodes = sorted({n for _, info, _ in members for n in info.nodes})
+        flagged.append(FlaggedTemplate(template_id=tid, text=templates.get(tid).text,
+                                       lines=sum(info.count for _, info, _ in members), nodes=tuple(nodes),
+                                       examples=examples))
+    return discover_categories(flagged, domain_of=domain_of, taken=(c.path for c in taxonomy.categories))
+
+
+def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet, options: AnalysisOptions,
+              detector: Detector) -> LogAnalysis:
+    """Decide every key, build events, incidents, rates and fits (the reduce step)."""
+    template_of, verdicts, discovered, methods = decide(merged, taxonomy=taxonomy, templates=templates,
+                                                        detector=detector)
+    line_categories: dict[str, int] = {}
+    for key, info in merged.keys.items():
+        cat = verdicts[key].category
+        line_categories[cat] = line_categories.get(cat, 0) + info.count
+    drafts = []
+    for file, line, ts, node, job, key, message in merged.drafts:
+        verdict = verdicts[key]
+        if verdict.is_failure:
+            severity = merged.keys[key].severity
+            drafts.append(_Draft(file, line, ts, node, job, verdict.category, template_of[key], verdict.confidence,
+                                 message, None if severity is None else SEVERITY_NAMES[severity],
+                                 verdict.discovered))
+    incidents, member = build_incidents(drafts, taxonomy=taxonomy, window_s=options.window_s)
+    events = tuple(Event(*e, member[i]) for i, e in enumerate(drafts))
+    first, last = merged.first, merged.last
     span_s = (last - first) if first is not None and last is not None else 0.0
     fatal = sorted((i for i in incidents if i.fatal and i.start is not None), key=lambda i: i.start)
+    nodes = merged.nodes
     rates = failure_rates(fatal_roots=[i.root_category for i in incidents if i.fatal],
                           nodes=len(nodes), span_s=span_s)
     gaps_h = np.diff([i.start for i in fatal]) / 3600.0 if len(fatal) > 1 else np.array([])
@@ -338,10 +323,11 @@ def _summarize(events, *, taxonomy, store, judge, counters, line_categories, nod
     lemons = lemon_nodes(incidents, nodes_seen=len(nodes), min_incidents=options.lemon_min_incidents,
                          p_threshold=options.lemon_p_value)
     used = {e.template_id for e in events}
-    templates = {tid: store.template(tid) for tid in used}
     return LogAnalysis(
         events=events, incidents=tuple(incidents), lemons=tuple(lemons), line_categories=line_categories,
-        counters=counters, nodes=tuple(sorted(nodes)), first_timestamp=first, last_timestamp=last,
-        rates=rates, fits=fits, job_projection=tuple(projection), templates=templates,
-        classification_methods=dict(judge.method_counts), options=options,
+        counters=merged.counters, nodes=tuple(sorted(nodes)), first_timestamp=first, last_timestamp=last,
+        rates=rates, fits=fits, job_projection=tuple(projection),
+        templates={tid: templates.get(tid).text for tid in used}, template_count=len(templates),
+        discovered=discovered,
+        classification_methods=methods, options=options,
     )

@@ -24,7 +24,7 @@ from sklearn.svm import LinearSVC
 from reliability.logs.masking import mask
 from reliability.logs.records import Classification
 from reliability.logs.errors import TaxonomyError
-from reliability.logs.taxonomy import UNCLASSIFIED, Taxonomy
+from reliability.logs.taxonomy import NORMAL, UNCLASSIFIED, Taxonomy
 
 
 class TemplateClassifier:
@@ -75,10 +75,42 @@ class TemplateClassifier:
 
     @classmethod
     def train(cls, taxonomy: Taxonomy, *, seed: int = 0) -> "TemplateClassifier":
-        """Fit on every labeled example of ``taxonomy`` (masked as lines are at run time)."""
+        """Fit on every labeled example of ``taxonomy`` (masked as lines are at run time).
+
+        Categories with fewer than 2 examples (a freshly discovered category with
+        one example line, say) are left to their rules and templates.
+        """
         examples = taxonomy.labeled_examples()
-        texts = [mask(text) for text, _ in examples]
-        labels = [label for _, label in examples]
+        return cls.fit([text for text, _ in examples], [label for _, label in examples],
+                       threshold=taxonomy.confidence_threshold, seed=seed)
+
+    @classmethod
+    def train_domains(cls, taxonomy: Taxonomy, *, seed: int = 0) -> "TemplateClassifier":
+        """A model of the *domain* (hardware, infra, software, user) of failure lines.
+
+        Trained on the failure categories' examples and descriptions; it names
+        the domain of a discovered category (with its probability as confidence).
+        """
+        texts, labels = [], []
+        for cat in taxonomy.categories:
+            if cat.path == NORMAL:
+                continue
+            for text in (*cat.examples, cat.description):
+                if text:
+                    texts.append(text)
+                    labels.append(cat.domain)
+        return cls.fit(texts, labels, threshold=0.0, seed=seed)
+
+    @classmethod
+    def fit(cls, texts: list[str], labels: list[str], *, threshold: float, seed: int = 0) -> "TemplateClassifier":
+        """Fit the TF-IDF + calibrated linear SVM on raw ``texts`` (masked here) and their ``labels``."""
+        counts = {label: labels.count(label) for label in set(labels)}
+        kept = [(mask(t), label) for t, label in zip(texts, labels) if counts[label] >= 2]
+        if len({label for _, label in kept}) < 2:
+            raise TaxonomyError("the taxonomy needs at least two categories with 2 or more examples each "
+                                "to train the classifier; add examples")
+        texts = [t for t, _ in kept]
+        labels = [label for _, label in kept]
         features = FeatureUnion([
             ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True,
                                       lowercase=True, min_df=1)),
@@ -88,16 +120,13 @@ class TemplateClassifier:
         # A linear SVM trains in ~0.1 s where multinomial logistic regression
         # takes seconds on these sparse features; sigmoid calibration over
         # cross-validation folds turns its margins into probabilities that the
-        # threshold can be applied to. Needs >= 3 examples per category.
+        # threshold can be applied to.
         folds = min(3, min(labels.count(label) for label in set(labels)))
-        if folds < 2:
-            raise TaxonomyError("every taxonomy category needs at least 2 examples to train the "
-                                "classifier; add examples to the categories with fewer")
         model = CalibratedClassifierCV(LinearSVC(C=1.0, random_state=seed), cv=folds, method="sigmoid",
                                        ensemble=False)
         pipeline = make_pipeline(features, model)
         pipeline.fit(texts, labels)
-        return cls(pipeline, taxonomy.confidence_threshold)
+        return cls(pipeline, threshold)
 
     def classify(self, masked: str) -> Classification:
         """Category and probability for one masked message (``unclassified`` if unsure)."""

@@ -58,6 +58,17 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
     return found
 
 
+def is_compressed(path: str) -> bool:
+    """Whether ``path`` is gzip (by name or magic bytes): such files are read whole, never split."""
+    if path.endswith(".gz"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
 def _open_binary(path: str):
     if path == "-":
         return sys.stdin.buffer
@@ -65,6 +76,24 @@ def _open_binary(path: str):
     if path.endswith(".gz") or raw.peek(2)[:2] == b"\x1f\x8b":
         return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=_CHUNK)
     return raw
+
+
+def _seek_line_start(stream, start: int) -> int:
+    """Position ``stream`` at the first line that starts at or after byte ``start``; returns that offset."""
+    if start <= 0:
+        return 0
+    stream.seek(start - 1)
+    skipped = 0
+    while True:  # the line that straddles ``start`` belongs to the previous range
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            return start - 1 + skipped
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            offset = start - 1 + skipped + nl + 1
+            stream.seek(offset)
+            return offset
+        skipped += len(chunk)
 
 
 def _is_binary(raw: bytes) -> bool:
@@ -142,23 +171,50 @@ def _fast_block(block: bytes, counters: InputCounters) -> tuple[list, list]:
     return _slow_block(block.split(b"\n"), counters)
 
 
-def iter_line_blocks(path: str, counters: InputCounters) -> Iterator[tuple[int, list, list]]:
+def _range_chunks(stream, start: int, end: int | None) -> Iterator[bytes]:
+    """The bytes of the lines that start in [start, end): a range owns the line it cuts at its end."""
+    position = _seek_line_start(stream, start)
+    if end is not None and position >= end:
+        return  # no line starts inside the range
+    while end is None or position < end:
+        chunk = stream.read(_BLOCK if end is None else min(_BLOCK, end - position))
+        if not chunk:
+            return
+        position += len(chunk)
+        yield chunk
+    stream.seek(end - 1)
+    if stream.read(1) == b"\n":
+        return  # the range ends on a line boundary
+    stream.seek(end)
+    while True:  # the rest of the line that straddles ``end``
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            return
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            yield chunk[:nl + 1]
+            return
+        yield chunk
+
+
+def iter_line_blocks(path: str, counters: InputCounters, *, start: int = 0,
+                     end: int | None = None) -> Iterator[tuple[int, list, list]]:
     """``(first line number, texts, shape keys)`` per block of one file, read in big binary blocks.
 
     A text is None where a line was skipped (binary or blank, counted) and may be
     ``""`` or blank in a clean block (the consumer counts it as empty). Over-long
     lines are truncated to :data:`MAX_LINE_BYTES` and counted; memory stays bounded
-    by the block size however long a line is.
+    by the block size however long a line is. With ``start``/``end`` (plain files
+    only) the lines that start in bytes [start, end) are read, numbered from 1.
     """
     stream = _open_binary(path)
     lineno = 0
     carry = b""
     dropping = False  # inside an over-long line: skip bytes until its newline
     try:
-        while True:
-            chunk = stream.read(_BLOCK)
-            if not chunk:
-                break
+        chunks = _range_chunks(stream, start, end) if start or end is not None else iter(
+            lambda: stream.read(_BLOCK), b"")
+        for chunk in chunks:
             if dropping:
                 nl = chunk.find(b"\n")
                 if nl < 0:

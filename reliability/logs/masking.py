@@ -58,3 +58,52 @@ def mask(message: str) -> str:
     if has_decisive_number(message):
         message = _DECISIVE.sub(r"\1 #\2", message)
     return _DIGIT_TOKEN.sub(PARAM, message)
+
+
+# -- template tokens: the finer mask that groups lines into templates (docs/LOGS.md, "Templates") ---------
+_DATE_WORDS = frozenset("Mon Tue Wed Thu Fri Sat Sun Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split())
+_KEY_VALUE = re.compile(r"([A-Za-z_][\w.-]*[=:])([^=,;]*)")
+_PARAM_RUN = re.compile(r"<\*>(?:[.:/,_-]*<\*>)+")
+_ONLY_PARAMS = re.compile(r"(?:<\*>|[^\w<>*])*<\*>(?:<\*>|[^\w<>*])*")
+_UNITS = frozenset("B KB MB GB TB PB kB KiB MiB GiB TiB k K M G ms us ns s sec secs %".split())
+
+
+def _template_token(token: str) -> str:
+    if token in _DATE_WORDS:
+        return PARAM
+    has_digit = any(ch.isdigit() for ch in token)
+    # Paths and URLs are values: "/mnt/data/current/subdir7/blk_1", "HTTP/1.1" (but not "I/O")
+    if "/" in token and (token[0] == "/" or token.count("/") > 1 or has_digit):
+        return PARAM
+    if not has_digit:
+        return token
+    token = _DIGIT_TOKEN.sub(PARAM, token)
+    kv = _KEY_VALUE.fullmatch(token)
+    if kv is not None and PARAM in kv.group(2):  # "rhost=<*>.<*>.example.org" -> "rhost=<*>"
+        return kv.group(1) + PARAM
+    token = _PARAM_RUN.sub(PARAM, token)
+    return PARAM if _ONLY_PARAMS.fullmatch(token) else token
+
+
+def template_tokens(content: str) -> tuple[str, ...]:
+    """Tokens of ``content`` with its values masked: what the template miner groups by.
+
+    Digit-bearing parts, paths, day and month names become ``<*>``; a token
+    made only of values (an address, ``10.0.0.1:80``) is one ``<*>``; a unit
+    after a value and runs of values collapse into one ``<*>``, so lines whose
+    variable parts have different lengths still line up.
+
+    >>> template_tokens("Block rdd_42_3 stored as bytes in memory (estimated size 16.0 KB, free 3.2 GB)")
+    ('Block', '<*>', 'stored', 'as', 'bytes', 'in', 'memory', '(estimated', 'size', '<*>', 'free', '<*>')
+    >>> template_tokens("connection from 10.0.0.1 (host) at Sun Jul 3 10:00:01 2005")
+    ('connection', 'from', '<*>', '(host)', 'at', '<*>')
+    """
+    out: list[str] = []
+    for token in content.split():
+        if out and out[-1] == PARAM and token.rstrip(",;:)]") in _UNITS:
+            continue
+        token = _template_token(token)
+        if token == PARAM and out and out[-1] == PARAM:
+            continue
+        out.append(token)
+    return tuple(out)

@@ -60,20 +60,34 @@ def _weibull_loglik(log_k: float, log_lam: float, x: np.ndarray, logx: np.ndarra
     return float(len(x) * (log_k - k * log_lam) + (k - 1) * logx.sum() - np.power(z, k).sum())
 
 
+MAX_SHAPE = 1e3
+
+
+class WeibullDiverges(ValueError):
+    """The Weibull fit has no finite shape for these gaps (all equal, or nearly)."""
+
+
 def fit_weibull(hours: np.ndarray) -> dict:
     """MLE of Weibull shape and scale; 95% Wald intervals from the observed information."""
     x = hours
     logx = np.log(x)
     n = len(x)
 
+    # The shape's equation is scale-free: solve it on gaps divided by their largest, so that x**k
+    # neither overflows nor underflows to 0/0 for large k.
+    logy = logx - logx.max()
+
     def shape_equation(k: float) -> float:
         # d/dk of the profile log-likelihood, zero at the MLE (the usual Weibull score).
-        xk = np.power(x, k)
-        return float((xk * logx).sum() / xk.sum() - 1.0 / k - logx.mean())
+        yk = np.exp(k * logy)
+        return float((yk * logy).sum() / yk.sum() - 1.0 / k - logy.mean())
 
     lo, hi = 1e-3, 1.0
-    while shape_equation(hi) < 0 and hi < 1e3:
+    while shape_equation(hi) < 0 and hi < MAX_SHAPE:
         hi *= 2.0
+    if not shape_equation(hi) >= 0:  # equal gaps: the likelihood grows without bound in the shape
+        raise WeibullDiverges(f"the Weibull shape has no finite maximum-likelihood value (over {MAX_SHAPE:g}): "
+                              "the gaps are (nearly) all equal")
     k = float(optimize.brentq(shape_equation, lo, hi, xtol=1e-10))
     lam = float(np.power(np.power(x, k).mean(), 1.0 / k))
     theta = np.array([math.log(k), math.log(lam)])
@@ -113,7 +127,13 @@ def fit_interarrivals(hours) -> dict:
         return {"exponential": None, "weibull": None, "ks": {}, "preferred": None, "n": int(len(x)),
                 "note": "need at least 3 failures (2 gaps between them) to fit"}
     expo = fit_exponential(x)
-    weib = fit_weibull(x)
+    try:
+        weib = fit_weibull(x)
+    except WeibullDiverges as err:
+        return {"exponential": expo, "weibull": None,
+                "ks": {"exponential": expo["ks"], "note": "p-values are optimistic: parameters were fitted to "
+                                                          "the same data"},
+                "preferred": "exponential", "n": int(len(x)), "note": str(err)}
     return {
         "exponential": expo,
         "weibull": weib,

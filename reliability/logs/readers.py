@@ -38,7 +38,11 @@ _ISO_PARTS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)([.,]\d+)
 ENVELOPES: list[tuple[str, re.Pattern]] = [
     # loghub HPC: "<id> <node> <component> <event> <epoch> <flag> <message>"
     ("hpc", re.compile(r"(\d+) (\S+) (\S+) (\S+) (\d{9,10}) (-?\d+) (.*)")),
-    # loghub Thunderbird: "<label> <epoch> <yyyy.mm.dd> <node> <Mon d hh:mm:ss> <node/node> <message>"
+    # Blue Gene/L RAS (CFDR/loghub): "<label> <epoch> <yyyy.mm.dd> <location> <yyyy-mm-dd-hh.mm.ss.micro>
+    # <location> RAS KERNEL FATAL <message>". The first field is the data set's alert label: never read.
+    ("bluegene", re.compile(r"\S+ (\d{9,10}) \d{4}\.\d\d\.\d\d (\S+) \d{4}-\d\d-\d\d-\d\d\.\d\d\.\d\d\.\d+ \S+ (.*)")),
+    # loghub Thunderbird, Spirit, Liberty: "<label> <epoch> <yyyy.mm.dd> <node> <Mon d hh:mm:ss> <node/node> <message>"
+    # (the label is the data set's answer: never read)
     ("thunderbird", re.compile(r"(\S+) (\d{9,10}) \d{4}\.\d\d\.\d\d (\S+) \w{3} +\d+ \d\d:\d\d:\d\d \S+ (.*)")),
     # Slurm slurmctld/slurmd: "[2024-05-01T12:00:00.123] message"
     ("slurm", re.compile(r"\[(" + _ISO + r")\] (.*)")),
@@ -58,7 +62,7 @@ ENVELOPES: list[tuple[str, re.Pattern]] = [
 
 # Which first characters (digit "0", letter "a", else itself) each envelope can start with; None: any.
 _FIRST_CHARS: dict[str, str | None] = {
-    "hpc": "0", "thunderbird": None, "slurm": "[", "openstack": "a0", "iso": "0[",
+    "hpc": "0", "bluegene": None, "thunderbird": None, "slurm": "[", "openstack": "a0", "iso": "0[",
     "syslog": "a", "dmesg": "[", "dmesg-relative": "[", "kubernetes": "{",
 }
 
@@ -215,7 +219,11 @@ class LineReader:
 
     # -- envelopes: each returns (timestamp, node, message) or None --------------------
     def _env_hpc(self, m):
-        return float(m.group(5)), m.group(2), f"{m.group(3)} {m.group(4)} {m.group(7)}"
+        # component and event as a bracketed context: "[node status] not responding"
+        return float(m.group(5)), m.group(2), f"[{m.group(3)} {m.group(4)}] {m.group(7)}"
+
+    def _env_bluegene(self, m):
+        return float(m.group(1)), m.group(2), m.group(3)
 
     def _env_thunderbird(self, m):
         return float(m.group(2)), m.group(3), m.group(4)
@@ -262,6 +270,8 @@ class LineReader:
         if involved.get("kind") == "Node":
             node = involved.get("name") or node
         message = f"{obj.get('reason', '')}: {obj.get('message', '')} ({involved.get('kind', '')})"
+        if obj.get("type") == "Warning":  # the event's severity, read as a level by the header parser
+            message = f"Warning {message}"
         return ts, node, message
 
     # -- the public surface ------------------------------------------------------------
@@ -307,10 +317,11 @@ class LineReader:
         stamp = self._stamp
         if name == "generic":
             ts, node, msg_start = None, None, 0
-        elif name in ("hpc", "thunderbird"):
-            group = 5 if name == "hpc" else 2
+        elif name in ("hpc", "thunderbird", "bluegene"):
+            group = {"hpc": 5, "thunderbird": 2, "bluegene": 1}[name]
             ts = (float, m.start(group), m.end(group))
-            node, msg_start = m.span(2 if name == "hpc" else 3), (None if name == "hpc" else m.start(4))
+            node = m.span({"hpc": 2, "thunderbird": 3, "bluegene": 2}[name])
+            msg_start = None if name == "hpc" else m.start(4 if name == "thunderbird" else 3)
         elif name in ("slurm", "openstack"):
             ts, node, msg_start = (stamp.iso, *m.span(1)), None, m.start(2)
         elif name == "iso":

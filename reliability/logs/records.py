@@ -54,6 +54,8 @@ class Event:
     template_id: int
     confidence: float
     message: str
+    severity: str | None = None  # the level the line's header names ("error", "critical", ...), if any
+    discovered: bool = False  # the category was mined from the logs, not taken from the taxonomy
     incident_id: int | None = None
 
     def to_dict(self) -> dict:

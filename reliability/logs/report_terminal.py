@@ -42,6 +42,15 @@ def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> N
         cats.add_row(path, f"{n:,}", _num(d["rates"]["by_category"].get(path)))
     console.print(cats)
 
+    if result.discovered:
+        mined = Table(title="Mined categories (no taxonomy category knows these; keep them with --taxonomy-out)")
+        for col in ("category", "lines", "nodes", "domain (confidence)", "example"):
+            mined.add_column(col, justify="right" if col in ("lines", "nodes") else "left")
+        for c in result.discovered[:top]:
+            mined.add_row(c.path, f"{c.lines:,}", str(len(c.nodes)), f"{c.domain} ({c.domain_confidence:.2f})",
+                          (c.examples[0] if c.examples else "")[:80])
+        console.print(mined)
+
     incs = Table(title=f"Top incidents (by events folded), of {len(result.incidents)}")
     for col in ("id", "start (UTC)", "root cause", "root node", "job", "events", "nodes"):
         incs.add_column(col, justify="right" if col in ("id", "events", "nodes") else "left")

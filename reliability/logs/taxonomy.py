@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -106,6 +107,8 @@ def _read_json(text: str, origin: str) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise TaxonomyError(f"{origin}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from err
+    except RecursionError as err:
+        raise TaxonomyError(f"{origin}: JSON nested too deeply to be a taxonomy (docs/LOGS.md)") from err
     if not isinstance(data, dict) or not isinstance(data.get("categories"), dict):
         raise TaxonomyError(f"{origin}: expected an object with a \"categories\" object (see docs/LOGS.md)")
     return data
@@ -176,9 +179,27 @@ def load_taxonomy(*, extra: str | None = None, base: str | None = None) -> Taxon
     )
 
 
+MAX_TAXONOMY_BYTES = 64 << 20
+
+
 def _read_file(path: str) -> str:
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # a FIFO or device would block or never end
+        raise TaxonomyError(f"taxonomy file {path!r} is not a regular file; give a JSON file (docs/LOGS.md)")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TAXONOMY_BYTES + 1)
     except FileNotFoundError as err:
         raise TaxonomyError(f"taxonomy file {path!r} does not exist") from err
+    except IsADirectoryError as err:
+        raise TaxonomyError(f"taxonomy file {path!r} is a directory; give a JSON file (docs/LOGS.md)") from err
+    except OSError as err:
+        raise TaxonomyError(f"cannot read taxonomy file {path!r}: {err.strerror or err}") from err
+    if len(raw) > MAX_TAXONOMY_BYTES:
+        raise TaxonomyError(f"taxonomy file {path!r} is larger than {MAX_TAXONOMY_BYTES >> 20} MiB; "
+                            "a taxonomy is a small JSON file (docs/LOGS.md)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TaxonomyError(f"taxonomy file {path!r} is not UTF-8 text (binary data at byte {err.start}); "
+                            "a taxonomy is a JSON file (docs/LOGS.md)") from err

@@ -171,10 +171,12 @@ def test_python_objects_need_opt_in_on_save_and_load(tmp_path):
     with pytest.raises(ucp.UnsafeObjectError) as err:
         ucp.load(tmp_path / "c")
     assert str(err.value) == (
-        "checkpoint holds a pickled Python object at 'cfg/obj'; pass allow_objects=True to load it "
-        "(only for checkpoints you trust)"
+        "checkpoint holds a pickled Python object at 'cfg/obj'; pass allow_objects=True to load it with the "
+        "restricted unpickler (plain data types only), or allow_objects=['module.Class', ...] to allow more"
     )
-    assert ucp.load(tmp_path / "c", allow_objects=True) == state
+    with pytest.raises(ucp.UnsafePickleError, match=f"allow it explicitly \\(allow_objects=\\['{__name__}._Opaque'\\]\\)"):
+        ucp.load(tmp_path / "c", allow_objects=True)  # not a plain data type: the class must be named
+    assert ucp.load(tmp_path / "c", allow_objects=[_Opaque]) == state
 
 
 def test_existing_checkpoint_needs_overwrite(tmp_path):

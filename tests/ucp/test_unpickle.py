@@ -142,3 +142,18 @@ def test_garbage_is_a_format_error(tmp_path):
 
 def test_doctests():
     assert doctest.testmod(unpickle, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+class NewObj:
+    """Pickles through NEWOBJ (``cls.__new__(cls, *args)``), never calling ``__init__``."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __getnewargs__(self):
+        return (self.value,)
+
+
+def test_stand_ins_built_by_newobj_keep_their_arguments_and_state():
+    got = unpickle.loads(pickle.dumps(NewObj(7), protocol=2), unknown="stand-in")
+    assert got.args == (7,) and got.kwargs == {} and got.state == {"value": 7}

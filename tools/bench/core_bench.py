@@ -331,7 +331,7 @@ def run_benchmark(
         report.notes.append("ucp.save/ucp.load not importable: ucp rows skipped")
     saver = None
     if have_ucp and "ucp" in names:
-        from ucp.async_save import AsyncSaver
+        from ucp.async_saver import AsyncSaver
 
         saver = AsyncSaver()
     say = progress or (lambda _msg: None)

@@ -3,9 +3,9 @@
 The benchmark log is the loghub samples (real HPC, Thunderbird, Linux and
 OpenStack lines, labeled normal) interleaved with injected faults of known
 category and time (tools/bench/logs_faults.py) and injected normal GPU-cluster
-traffic. Loghub lines that are themselves failures (by their HPC event field,
-labeled here by hand, independently of the taxonomy) are reported apart and
-left out of the false-positive rate. Prints precision/recall/F1 per injected
+traffic. Loghub lines that are themselves failures (labeled by template in
+tools/bench/logs_labels.json, independently of the taxonomy) are reported
+apart and left out of the false-positive rate. Prints precision/recall/F1 per injected
 category, recall on held-out wordings, and the share of normal lines flagged.
 
 Run:  .venv/bin/python tools/bench/logs_accuracy.py [--per-kind 40] [--seed 0] [--json out.json]
@@ -29,37 +29,16 @@ sys.path.insert(0, str(ROOT))
 from reliability.logs.analyze import AnalysisOptions, analyze_logs  # noqa: E402
 from reliability.logs.taxonomy import load_taxonomy  # noqa: E402
 from tools.bench.logs_faults import FAULTS, render_fault, render_normal  # noqa: E402
-
-LOGHUB = ROOT / ".." / "shared" / "data" / "loghub"
-# HPC (component, event) pairs that record a real failure; labeled by hand from the loghub data.
-HPC_REAL_FAILURES = {
-    ("unix.hw", "state_change.unavailable"), ("unix.hw", "net.niff.down"), ("node", "psu"),
-    ("clusterfilesystem", "fdmn.panic"), ("clusterfilesystem", "fdmn.full"),
-    ("clusterfilesystem", "clusterfilesystem.no_server"), ("clusterfilesystem", "clusterfilesystem.not_served"),
-    ("switch_module", "bcast-error"), ("switch_module", "temphigh"), ("action", "error"),
-}
-
-
-def _hpc_is_failure(line: str) -> bool:
-    parts = line.split(" ", 6)
-    if len(parts) < 7:
-        return False
-    if (parts[2], parts[3]) in HPC_REAL_FAILURES:
-        return True
-    if parts[2] == "switch_module" and parts[3] == "error":
-        return "Link error" in parts[6]
-    # Any component (node, domain, tserver) reported "not responding" is down.
-    return parts[3] == "status" and ("not responding" in parts[6] or "not-responding" in parts[6])
-
+from tools.bench.logs_loso import loghub_system  # noqa: E402
 
 def build_benchmark(*, per_kind: int, normals: int, seed: int):
     """Lines plus, per line, (label, held_out); label 'normal' or 'loghub-failure' or a category."""
     rng = random.Random(seed)
     real = []
-    for name in ("HPC_2k.log", "Thunderbird_2k.log", "Linux_2k.log", "OpenStack_2k.log"):
-        for text in (LOGHUB / name).read_text(encoding="utf-8", errors="replace").splitlines():
-            label = "loghub-failure" if name == "HPC_2k.log" and _hpc_is_failure(text) else "normal"
-            real.append((text, label, False))
+    for name in ("HPC", "Thunderbird", "Linux", "OpenStack"):
+        path, failures = loghub_system(name)  # labeled by template in tools/bench/logs_labels.json
+        for lineno, text in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            real.append((text, "loghub-failure" if lineno in failures else "normal", False))
     t0 = 1_717_000_000.0
     injected = []
     for kind in FAULTS:

@@ -3,7 +3,9 @@
 Builds a benchmark log of >= 1,000,000 lines (the labeled accuracy log -
 loghub samples plus injected faults - repeated with fresh random faults),
 then times (a) our whole pipeline from the file (read, detect format, parse,
-mask, template cache, classify, incidents, fits) and (b) drain3's
+mask, mine templates, detect, classify, incidents, fits), in this process and
+on a local Dask cluster of N workers (the file cut into the same byte ranges
+for every worker count; cluster start-up included), and (b) drain3's
 TemplateMiner.add_log_message with its usual IP/HEX/NUM masking on the same
 lines already in memory (no I/O, no classification: a generous baseline).
 
@@ -15,7 +17,7 @@ the few numbers that decide a category (``status: 200``, ``Xid 79``) keep
 their value, because real logs do not draw those at random either.
 ``--no-vary`` repeats the loghub lines verbatim (the older, flattering log).
 
-Run:  .venv/bin/python tools/bench/logs_speed.py [--lines 1000000] [--per-kind 40] [--no-vary]
+Run:  .venv/bin/python tools/bench/logs_speed.py [--lines 1000000] [--per-kind 40] [--no-vary] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from drain3 import TemplateMiner  # noqa: E402
+from drain3.masking import MaskingInstruction  # noqa: E402
+from drain3.template_miner_config import TemplateMinerConfig  # noqa: E402
 
 from reliability.logs.analyze import AnalysisOptions, analyze_logs  # noqa: E402
 from reliability.logs.masking import mask  # noqa: E402
-from reliability.logs.templates import miner_config  # noqa: E402
+from reliability.logs.parallel import dask_runner  # noqa: E402
 from tools.bench.logs_accuracy import build_benchmark  # noqa: E402
 
 # Envelope prefixes of the four loghub formats: (stamp and framing kept, host varied, message varied).
@@ -85,6 +89,22 @@ class _Varier:
         return text  # injected lines: already drawn afresh for each block
 
 
+def drain3_config() -> TemplateMinerConfig:
+    """drain3 as the previous version of this tool ran it, with drain3's usual IP/HEX/NUM masks."""
+    config = TemplateMinerConfig()
+    config.drain_sim_th = 0.4
+    config.drain_depth = 4
+    config.drain_max_children = 100
+    config.parametrize_numeric_tokens = True
+    config.profiling_enabled = False
+    config.masking_instructions = [
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)(\d+\.\d+\.\d+\.\d+)((?=[^A-Za-z0-9])|$)", "IP"),
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)(0x[a-fA-F0-9]+)((?=[^A-Za-z0-9])|$)", "HEX"),
+        MaskingInstruction(r"((?<=[^A-Za-z0-9])|^)([\-\+]?\d+)((?=[^A-Za-z0-9])|$)", "NUM"),
+    ]
+    return config
+
+
 def benchmark_lines(*, lines: int, per_kind: int, vary: bool) -> list[str]:
     """``lines`` benchmark lines: accuracy-log blocks with fresh faults, loghub lines varied or verbatim."""
     out: list[str] = []
@@ -99,6 +119,12 @@ def benchmark_lines(*, lines: int, per_kind: int, vary: bool) -> list[str]:
     return out[:lines]
 
 
+def _timed(fn):
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
@@ -107,31 +133,32 @@ def main(argv=None) -> int:
     ap.add_argument("--vary", action=argparse.BooleanOptionalAction, default=True,
                     help="redraw numbers, hosts and stamps of repeated loghub lines (default) or repeat them verbatim")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="alternate the two pipelines this many times and keep each one's best time "
+                    help="alternate the pipelines this many times and keep each one's best time "
                          "(shared machines are noisy)")
+    ap.add_argument("--workers", default="1,2",
+                    help="comma-separated Dask worker counts to time ours with (1 = in this process)")
+    ap.add_argument("--partitions", type=int, default=4,
+                    help="byte ranges the log is cut into (the same for every worker count)")
     args = ap.parse_args(argv)
+    workers = [int(w) for w in args.workers.split(",")]
     lines = benchmark_lines(lines=args.lines, per_kind=args.per_kind, vary=args.vary)
     distinct = len(set(lines))
     distinct_masked = len({mask(text) for text in lines})
-    ours = alone = float("inf")
-    ours_all, alone_all, ours_cpu, alone_cpu = [], [], [], []
+    ours = {w: [] for w in workers}
+    alone = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "speed.log")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
+        split = -(-os.path.getsize(path) // args.partitions)
+        options = AnalysisOptions(default_year=2024, split_bytes=split)
         for _ in range(args.repeat):
-            t, c = time.perf_counter(), time.process_time()
-            result = analyze_logs([path], options=AnalysisOptions(default_year=2024))
-            ours_all.append(time.perf_counter() - t)
-            ours_cpu.append(time.process_time() - c)
-            miner = TemplateMiner(config=miner_config(masking=True))
-            t, c = time.perf_counter(), time.process_time()
-            for text in lines:
-                miner.add_log_message(text)
-            alone_all.append(time.perf_counter() - t)
-            alone_cpu.append(time.process_time() - c)
-    ours, alone = min(ours_all), min(alone_all)
-    ours_c, alone_c = min(ours_cpu), min(alone_cpu)
+            for w in workers:
+                result, wall, cpu = _timed(lambda: analyze_logs([path], options=options, run=dask_runner(workers=w)))
+                ours[w].append((wall, cpu))
+            miner = TemplateMiner(config=drain3_config())
+            _, wall, cpu = _timed(lambda: [miner.add_log_message(text) for text in lines])
+            alone.append((wall, cpu))
     n = len(lines)
     try:
         load = "load average %.1f %.1f %.1f" % os.getloadavg()
@@ -139,17 +166,24 @@ def main(argv=None) -> int:
         load = "load average unknown"
     print(f"{n:,} lines ({'varied' if args.vary else 'verbatim'} loghub repeats; {distinct:,} distinct lines, "
           f"{distinct_masked:,} distinct masked lines; {len(result.events):,} failure events, "
-          f"{len(result.incidents):,} incidents), best of {args.repeat} alternating runs, {load}, "
-          f"{os.cpu_count()} CPUs\n")
-    print(f"all runs, seconds: ours {', '.join(f'{t:.1f}' for t in ours_all)}; "
-          f"drain3 {', '.join(f'{t:.1f}' for t in alone_all)}\n")
-    # Wall time is what a user waits; CPU time of this process is steadier on a shared machine.
-    print("| pipeline | wall s | lines/s (wall) | ratio (wall) | CPU s | lines/s (CPU) | ratio (CPU) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| ucp logs analyze (full pipeline, from file) | {ours:.1f} | {n / ours:,.0f} | {alone / ours:.1f}x "
-          f"| {ours_c:.1f} | {n / ours_c:,.0f} | {alone_c / ours_c:.1f}x |")
-    print(f"| drain3 TemplateMiner alone (in memory) | {alone:.1f} | {n / alone:,.0f} | 1.0x "
-          f"| {alone_c:.1f} | {n / alone_c:,.0f} | 1.0x |")
+          f"{len(result.incidents):,} incidents), {args.partitions} partitions, best of {args.repeat} alternating "
+          f"runs, {load}, {os.cpu_count()} CPUs\n")
+    print("all runs, wall seconds: " + "; ".join(f"ours x{w} {', '.join(f'{t:.1f}' for t, _ in ours[w])}"
+                                                  for w in workers)
+          + f"; drain3 {', '.join(f'{t:.1f}' for t, _ in alone)}\n")
+    # Wall time is what a user waits. CPU time is this process's only: with Dask workers the work happens
+    # in other processes, so it is shown for the in-process runs alone.
+    best_alone = min(t for t, _ in alone)
+    print("| pipeline | wall s | lines/s (wall) | ratio to drain3 (wall) | CPU s (this process) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for w in workers:
+        wall = min(t for t, _ in ours[w])
+        cpu = min(c for _, c in ours[w])
+        label = "in this process" if w == 1 else f"{w} Dask workers (local cluster, start-up included)"
+        print(f"| ucp logs analyze, {label} | {wall:.1f} | {n / wall:,.0f} | {best_alone / wall:.1f}x | "
+              f"{cpu:.1f}{'' if w == 1 else ' (client only)'} |")
+    print(f"| drain3 TemplateMiner alone (in memory, 1 process) | {best_alone:.1f} | {n / best_alone:,.0f} | 1.0x | "
+          f"{min(c for _, c in alone):.1f} |")
     return 0
 
 

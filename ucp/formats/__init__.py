@@ -17,3 +17,8 @@ from ucp.formats.base import (  # noqa: F401
     get_format,
     register_format,
 )
+
+from ucp.formats import deepspeed_zero  # noqa: E402,F401  (registers deepspeed-zero)
+from ucp.formats import deepspeed_pipeline  # noqa: E402,F401  (registers deepspeed-pipeline)
+from ucp.formats import deepspeed_universal  # noqa: E402,F401  (registers deepspeed-universal)
+from ucp.formats import megatron  # noqa: E402,F401  (registers megatron)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,12 +57,12 @@ def test_cascade_is_one_incident_and_normal_lines_are_counted_not_listed(report)
     _, d, _, _ = report
     cascade = [i for i in d["incidents"] if i["event_count"] == 65]
     assert len(cascade) == 1 and cascade[0]["root_cause"]["category"] == "hardware/gpu/xid-79"
-    assert [i["root_cause"]["category"] for i in d["incidents"]] == [
+    ours = [i for i in d["incidents"] if i["root_cause"]["file"].endswith("cluster.log")]
+    assert [i["root_cause"]["category"] for i in ours] == [
         "hardware/gpu/xid-79", "hardware/network/ib-link", "user/oom/host-oom", "infra/filesystem/lustre"]
-    assert d["rates"]["failures"] == 4
     assert d["summary"]["normal_lines"] > 1500
     assert all(e["category"] != "normal" for e in d["events"])
-    assert len(d["events"]) == 68
+    assert len([e for e in d["events"] if e["file"].endswith("cluster.log")]) == 68
 
 
 def test_html_report_is_self_contained_with_the_plots(report):
@@ -107,3 +108,88 @@ def test_terminal_summary_renders(tmp_path, capsys):
 def test_logs_without_action_is_usage_error(capsys):
     assert main(["logs"]) == 2
     assert "analyze" in capsys.readouterr().out
+
+
+def test_events_carry_severity_discovered_and_confidence(report):
+    _, d, _, _ = report
+    assert d["schema_version"] == 2
+    for ev in d["events"]:
+        assert {"severity", "discovered", "confidence"} <= set(ev)
+        assert ev["severity"] in (None, "debug", "info", "warning", "error", "critical")
+        assert isinstance(ev["discovered"], bool) and 0.0 <= ev["confidence"] <= 1.0
+    mined = {c["path"] for c in d["discovered_categories"]}
+    assert all(ev["discovered"] == (ev["category"] in mined) for ev in d["events"])
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00\x01"
+
+
+def test_binary_taxonomy_is_a_clear_input_error(tmp_path, capsys):
+    # issue 8 item 15: this was a raw UnicodeDecodeError, exit 1 ("check failed")
+    bad = tmp_path / "tax.json"
+    bad.write_bytes(BINARY)
+    assert main(["logs", "analyze", str(LOGHUB / "HPC_2k.log"), "--taxonomy", str(bad), "--quiet"]) == 2
+    assert (f"taxonomy file '{bad}' is not UTF-8 text (binary data at byte 0); a taxonomy is a JSON file "
+            "(docs/LOGS.md)") in capsys.readouterr().err
+    assert main(["logs", "analyze", str(LOGHUB / "HPC_2k.log"), "--taxonomy", str(tmp_path), "--quiet"]) == 2
+    assert "is a directory; give a JSON file" in capsys.readouterr().err
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # would block forever if opened
+    assert main(["logs", "analyze", str(LOGHUB / "HPC_2k.log"), "--taxonomy", str(fifo), "--quiet"]) == 2
+    assert "is not a regular file; give a JSON file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (BINARY, "is not UTF-8 JSON (binary data at byte 0); delete it to start afresh"),
+    (b'{"py/reduce": [{"py/function": "os.system"}, {"py/tuple": ["touch PWNED"]}]}',
+     "is a jsonpickle document (e.g. a drain3 state): it can run code when loaded, so it is never loaded"),
+])
+def test_bad_state_files_are_input_errors(tmp_path, capsys, content, message):
+    state = tmp_path / "state.json"
+    state.write_bytes(content)
+    for action in (["analyze", str(LOGHUB / "HPC_2k.log"), "--quiet"], ["templates", str(LOGHUB / "HPC_2k.log"),
+                                                                          "--json", str(tmp_path / "t.json")]):
+        assert main(["logs", *action, "--state", str(state)]) == 2
+        assert message in capsys.readouterr().err
+    assert not (Path.cwd() / "PWNED").exists()
+
+
+def test_templates_command_writes_every_line_and_keeps_ids(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("\n".join(CASCADE) + "\n\n")
+    out, state = tmp_path / "t.json", tmp_path / "state.json"
+    assert main(["logs", "templates", str(log), "--json", str(out), "--state", str(state)]) == 0
+    first = json.loads(out.read_text())
+    assert len(first["lines"]) == len(CASCADE) + 1 and first["lines"][-1] == 0  # the blank line has no template
+    texts = {t["id"]: t["template"] for t in first["templates"]}
+    assert sum(t["count"] for t in first["templates"]) == len(CASCADE)
+    assert len({first["lines"][i] for i in range(1, 65)}) == 1  # the 64 watchdog lines share a template
+    assert "Watchdog caught collective operation timeout" in texts[first["lines"][1]]
+    # A second run over other lines of the same kinds: the ids it knew stay.
+    log.write_text("\n".join(reversed(CASCADE)) + "\n")
+    assert main(["logs", "templates", str(log), "--json", str(out), "--state", str(state)]) == 0
+    second = json.loads(out.read_text())
+    assert second["lines"] == list(reversed(first["lines"][:-1]))
+
+
+def test_taxonomy_out_writes_mined_categories_a_site_can_keep(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("".join(f"Jun  3 10:0{i}:00 n{i} foo: FATAL frobnicator quux failed on shelf {i}\n"
+                           for i in range(5)) + "Jun  3 10:09:00 n1 foo: all good\n")
+    out, mined, report = tmp_path / "mined.json", tmp_path / "r.json", tmp_path / "r2.json"
+    assert main(["logs", "analyze", str(log), "--year", "2024", "--json", str(report), "--taxonomy-out", str(mined),
+                 "--quiet"]) == 0
+    d = json.loads(report.read_text())
+    [cat] = d["discovered_categories"]
+    assert cat["path"].endswith("/discovered/frobnicator-quux-failed-shelf") and cat["lines"] == 5
+    assert cat["domain"] in ("hardware", "infra", "software", "user") and 0 < cat["domain_confidence"] <= 1
+    assert len(cat["nodes"]) == 5 and cat["examples"][0].startswith("foo: FATAL frobnicator")
+    assert {e["category"] for e in d["events"]} == {cat["path"]} and all(e["discovered"] for e in d["events"])
+    kept = json.loads(mined.read_text())
+    assert list(kept["categories"]) == [cat["path"]]
+    # A site renames nothing and keeps the file: the category is now a known one.
+    assert main(["logs", "analyze", str(log), "--year", "2024", "--json", str(out), "--taxonomy", str(mined),
+                 "--quiet"]) == 0
+    again = json.loads(out.read_text())
+    assert {e["category"] for e in again["events"]} == {cat["path"]}
+    assert not any(e["discovered"] for e in again["events"]) and again["discovered_categories"] == []

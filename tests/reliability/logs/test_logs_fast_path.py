@@ -10,13 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reliability.logs.inputs as inputs
-from reliability.logs.analyze import AnalysisOptions, TemplateJudge, analyze_logs
 from reliability.logs.inputs import iter_lines, shape_key
 from reliability.logs.masking import mask
 from reliability.logs.readers import LineReader
 from reliability.logs.records import InputCounters
+from reliability.logs.scan import Partition, judge_key, scan_partition
 from reliability.logs.taxonomy import load_taxonomy
-from reliability.logs.templates import TemplateStore
 
 LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghub"
 
@@ -49,22 +48,19 @@ def _fill(template: str, rng: random.Random) -> str:
     return "".join(str(rng.randint(0, 9)) if ch == "#" else ch for ch in template).replace("~", "#")
 
 
-def _reference(path: str):
-    """The full parser and masker on every line, verdicts cached by masked line (the slow pipeline)."""
-    taxonomy = load_taxonomy()
-    judge = TemplateJudge(taxonomy, TemplateStore())
+def _reference(path: str, taxonomy):
+    """The full parser and masker on every line, keys judged once by masked line (the slow pipeline)."""
     reader = LineReader(default_year=2024, counters=InputCounters())
-    verdicts, events, categories = {}, [], {}
+    keys, drafts, counts = {}, [], {}
     for file, lineno, text in iter_lines([path], counters=InputCounters()):
         ts, node, job, message, _ = reader.parse(file, lineno, text)
         masked = mask(message)
-        if masked not in verdicts:
-            verdicts[masked] = judge.judge(masked, message)
-        _, category, _, failure = verdicts[masked]
-        categories[category] = categories.get(category, 0) + 1
-        if failure:
-            events.append((lineno, ts, node, job, category, message[:500]))
-    return events, categories, reader.counters, judge.method_counts
+        if masked not in keys:
+            keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
+        counts[masked] = counts.get(masked, 0) + 1
+        if keys[masked].candidate:
+            drafts.append((file, lineno, ts, node, job, masked, message[:500]))
+    return drafts, counts, reader.counters
 
 
 def test_every_line_reads_as_the_full_parser_reads_it(tmp_path):
@@ -77,14 +73,14 @@ def test_every_line_reads_as_the_full_parser_reads_it(tmp_path):
     lines = [nccl.format(11, 22, 33, 4)] + lines[:50] + [nccl.format(55, 66, 77, 8)] + lines[50:]
     path = tmp_path / "mixed.log"
     path.write_text("\n".join(lines) + "\n\n   \n")
-    got = analyze_logs([str(path)], options=AnalysisOptions(default_year=2024))
-    events, categories, counters, methods = _reference(str(path))
-    assert [(e.line, e.timestamp, e.node, e.job, e.category, e.message) for e in got.events] == events
-    assert got.line_categories == categories
-    assert got.classification_methods == methods  # one verdict per distinct masked line, as before
+    taxonomy = load_taxonomy()
+    got = scan_partition(Partition(0, str(path)), taxonomy=taxonomy, default_year=2024)
+    drafts, counts, counters = _reference(str(path), taxonomy)
+    assert got.drafts == drafts
+    assert {k: v.count for k, v in got.keys.items()} == counts
     assert (got.counters.bad_timestamp, got.counters.no_timestamp, got.counters.empty) == \
         (counters.bad_timestamp, counters.no_timestamp, 2)
-    assert got.counters.bad_timestamp > 0 and len(events) > 500  # the case is exercised
+    assert got.counters.bad_timestamp > 0 and len(drafts) > 500  # the case is exercised
 
 
 @settings(max_examples=60, deadline=None)

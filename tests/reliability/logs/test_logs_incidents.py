@@ -98,3 +98,15 @@ def test_rates_and_job_projection():
     rows = job_mttf_projection(failures=3, node_hours=7200, gpus_per_node=8, weibull=None, cluster_nodes=10,
                                job_gpus=(8, 80))
     assert [(r["nodes"], r["mttf_hours_exponential"]) for r in rows] == [(1, 2400.0), (10, 240.0)]
+
+
+def test_equal_gaps_keep_the_exponential_fit_and_say_why_weibull_has_none():
+    # Failures exactly one minute apart made the Weibull solver raise a raw ValueError (NaN in brentq).
+    fits = fit_interarrivals([1 / 60] * 4)
+    assert fits["weibull"] is None and fits["preferred"] == "exponential"
+    assert fits["exponential"]["mttf_hours"] == pytest.approx(1 / 60)
+    assert fits["note"] == ("the Weibull shape has no finite maximum-likelihood value (over 1000): the gaps are "
+                            "(nearly) all equal")
+    # Large but finite spreads still fit (the shape equation is solved on scaled gaps).
+    wide = fit_interarrivals([1e-3, 5e3, 2.0, 40.0, 0.5])
+    assert wide["weibull"] is not None and 0 < wide["weibull"]["shape"] < 1

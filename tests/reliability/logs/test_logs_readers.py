@@ -18,7 +18,7 @@ LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghu
 
 
 @pytest.mark.parametrize("name, source, node, ts, message_start", [
-    ("HPC_2k.log", "hpc", "node-246", 1077804742.0, "unix.hw state_change.unavailable Component State Change"),
+    ("HPC_2k.log", "hpc", "node-246", 1077804742.0, "[unix.hw state_change.unavailable] Component State Change"),
     ("Thunderbird_2k.log", "thunderbird", "dn228", 1131566461.0, "crond(pam_unix)[2915]: session closed"),
     ("Linux_2k.log", "syslog", "combo", 1118762161.0, "sshd(pam_unix)[19939]: authentication failure"),
     ("OpenStack_2k.log", "openstack", None, 1494892800.008, "INFO nova.osapi_compute.wsgi.server"),

@@ -1,17 +1,20 @@
-"""Taxonomy rules, user taxonomies, the fallback classifier and incremental drain3 state."""
+"""Taxonomy rules, user taxonomies, the fallback classifier and the persisted template state."""
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 
 import pytest
 
-from reliability.logs.analyze import TemplateJudge
 from reliability.logs.classifier import TemplateClassifier
 from reliability.logs.errors import TaxonomyError, TemplateStateError
-from reliability.logs.masking import mask
+from reliability.logs.header import split_header
+from reliability.logs.masking import mask, template_tokens
+from reliability.logs.miner import TemplateMiner
 from reliability.logs.taxonomy import load_taxonomy
-from reliability.logs.templates import TemplateStore
+from reliability.logs.template_state import TemplateSet
 
 
 @pytest.fixture(scope="module")
@@ -102,30 +105,63 @@ def test_bad_taxonomy_files_say_what_is_wrong(tmp_path, content, message):
         load_taxonomy(extra=str(user))
 
 
-def test_template_ids_survive_across_runs(tmp_path, taxonomy):
-    state = str(tmp_path / "templates.drain3")
+def _tokens(message: str) -> tuple[str, ...]:
+    return template_tokens(split_header(message)[1])
+
+
+def test_template_ids_survive_across_runs(tmp_path):
+    state = str(tmp_path / "templates.json")
     run1 = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=11, GPU has fallen off the bus.",
             "error: Nodes gpu-a01 not responding, setting DOWN",
             "sshd[7]: Accepted publickey for alice from 10.0.0.5 port 22 ssh2"]
-    store = TemplateStore(state_path=state)
-    ids1 = {m: store.template_id(mask(m)) for m in run1}
-    store.save()
+    known = TemplateSet.load(state)  # no file yet: an empty set
+    ids1 = TemplateMiner(known=known).fit({_tokens(m): 1 for m in run1})
+    known.save(state)
     assert len(set(ids1.values())) == 3
 
-    store2 = TemplateStore(state_path=state)
-    assert store2.known_at_start == 3
+    again = TemplateSet.load(state)
+    assert len(again) == 3
     # Same kinds of lines with other numbers/hosts, then a new kind.
-    again = ["NVRM: Xid (PCI:0000:86:00): 79, pid=99, GPU has fallen off the bus.",
-             "error: Nodes gpu-z77 not responding, setting DOWN"]
-    assert [store2.template_id(mask(m)) for m in again] == [ids1[run1[0]], ids1[run1[1]]]
-    new_id = store2.template_id(mask("LustreError: 11-0: scratch-OST0004: operation ost_write failed: rc = -107"))
-    assert new_id not in ids1.values()
-    judge = TemplateJudge(taxonomy, store2)
-    assert judge.judge(mask(run1[0]), run1[0])[:2] == (ids1[run1[0]], "hardware/gpu/xid-79")
+    run2 = ["NVRM: Xid (PCI:0000:86:00): 79, pid=99, GPU has fallen off the bus.",
+            "error: Nodes gpu-z77 not responding, setting DOWN",
+            "LustreError: 11-0: scratch-OST0004: operation ost_write failed: rc = -107"]
+    ids2 = TemplateMiner(known=again).fit({_tokens(m): 1 for m in run2})
+    assert [ids2[_tokens(m)] for m in run2[:2]] == [ids1[_tokens(run1[0])], ids1[_tokens(run1[1])]]
+    assert ids2[_tokens(run2[2])] == 4  # a new template gets the next id
+    again.save(state)
+    data = json.loads((tmp_path / "templates.json").read_text())
+    assert data["format"] == "ucp-log-templates" and data["version"] == 1 and data["next_id"] == 5
+    assert [t["count"] for t in data["templates"]] == [2, 2, 1, 1]
 
 
 def test_corrupt_state_is_a_clear_error(tmp_path):
-    state = tmp_path / "bad.drain3"
-    state.write_bytes(b"this is not a drain3 state")
-    with pytest.raises(TemplateStateError, match=r"cannot load template state .*bad.drain3.*delete it to start afresh"):
-        TemplateStore(state_path=str(state))
+    state = tmp_path / "bad.json"
+    state.write_bytes(b"this is not a template state")
+    with pytest.raises(TemplateStateError, match=r"template state .*bad.json.* is not valid JSON .*"
+                                                 r"delete it to start afresh"):
+        TemplateSet.load(str(state))
+    state.write_bytes(b"\x1f\x8b\x08\x00binary")
+    with pytest.raises(TemplateStateError, match=r"is not UTF-8 JSON \(binary data at byte 1\)"):
+        TemplateSet.load(str(state))
+    state.write_text('{"format": "ucp-log-templates", "version": 1, "templates": [{"id": 0, "template": "x"}]}')
+    with pytest.raises(TemplateStateError, match=r"templates\[0\].id must be a unique positive integer, got 0"):
+        TemplateSet.load(str(state))
+
+
+def test_a_jsonpickle_state_never_runs_code(tmp_path):
+    # drain3 restored --state files with jsonpickle: this payload ran `touch` on load (issue 8, item 8).
+    marker = tmp_path / "pwned"
+    payload = {"py/reduce": [{"py/function": "os.system"}, {"py/tuple": [f"touch {marker}"]}]}
+    state = tmp_path / "evil.json"
+    state.write_text(json.dumps({"id_to_cluster": payload}))
+    with pytest.raises(TemplateStateError, match=r"is a jsonpickle document \(e.g. a drain3 state\): it can run "
+                                                 r"code when loaded, so it is never loaded"):
+        TemplateSet.load(str(state))
+    state.write_text(json.dumps(payload))
+    with pytest.raises(TemplateStateError, match="jsonpickle"):
+        TemplateSet.load(str(state))
+    # drain3's own state format (zlib + base64 of jsonpickle): the old loader ran os.system here.
+    state.write_bytes(base64.b64encode(zlib.compress(json.dumps(payload).encode())))
+    with pytest.raises(TemplateStateError, match=r"is not valid JSON .*delete it to start afresh"):
+        TemplateSet.load(str(state))
+    assert not marker.exists()

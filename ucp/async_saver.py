@@ -13,6 +13,13 @@ Failures are never lost: a background failure is raised (as
 also by the next ``save``/``wait`` of the same saver. One save is in flight
 per saver; a new one first waits for the previous one.
 
+A program may end without waiting: the background writer is not a daemon
+thread, so the interpreter finishes the save before it exits. If that save
+fails and nobody asked the handle or the saver about it, the failure is
+printed to stderr at exit and the process exits with status 1 (other exit
+handlers registered before the save then do not run): a job never ends
+"successfully" with its last checkpoint lost.
+
 Distributed saves run their collectives from the background thread on the
 ``process_group`` passed in. Pass a group dedicated to checkpointing (e.g.
 ``dist.new_group(backend="gloo")``) so those collectives never interleave
@@ -28,12 +35,14 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import functools
-import sys
-import types
+import os
 import queue
+import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +89,7 @@ class AsyncSaveHandle:
         self._finished: float | None = None
         self._done = threading.Event()
         self._error: AsyncSaveError | None = None
+        self._observed = False  # someone asked for the outcome: a failure is theirs to handle
 
     @property
     def background_seconds(self) -> float | None:
@@ -95,6 +105,8 @@ class AsyncSaveHandle:
         """Wait for the save and return its failure, or ``None`` if it committed."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"async save to {self.path} still running after {timeout} s")
+        self._observed = True
+        atexit.unregister(self._fail_if_lost)
         return self._error
 
     def wait(self, timeout: float | None = None) -> None:
@@ -108,8 +120,21 @@ class AsyncSaveHandle:
             wrapped = AsyncSaveError(f"async save to {self.path} failed: {type(error).__name__}: {error}")
             wrapped.__cause__ = error
             self._error = wrapped
+        else:
+            atexit.unregister(self._fail_if_lost)
         self._finished = time.perf_counter()
         self._done.set()
+
+    def _fail_if_lost(self) -> None:  # an atexit handler, registered when the save starts
+        """At exit (after the writer thread finished): a failure nobody looked at ends the process loudly."""
+        if self._observed or (self.done() and self._error is None):
+            return
+        what = (f"{type(self._error).__name__}: {self._error}" if self._error is not None
+                else "it never finished")
+        sys.stderr.write(f"ucp: the async save to {self.path} failed and nobody waited for it: {what}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)  # exit handlers cannot change the exit status any other way
 
 
 class AsyncSaver:
@@ -135,6 +160,7 @@ class AsyncSaver:
         self._lock = threading.Lock()  # one save (snapshot phase) at a time per saver
         self._inflight: AsyncSaveHandle | None = None
         self._unreported: AsyncSaveError | None = None
+        _finish_before_shutdown(weakref.ref(self))
 
     # ------------------------------------------------------------- public API
     def save(self, state: Any, path: str | Path, **save_kwargs: Any) -> AsyncSaveHandle:
@@ -172,14 +198,19 @@ class AsyncSaver:
         handle = AsyncSaveHandle(path)
         stageable = {k for k, t in flat.tensors.items() if type(t) in (torch.Tensor, torch.nn.Parameter)}
         total = sum(staged_nbytes(flat.tensors[k]) for k in stageable)
-        capacity = self.pool.reserve(total)
+        try:
+            capacity = self.pool.reserve(total)
+        except BaseException as err:  # e.g. no memory for the arena: the open writer must not linger
+            writer.abort(f"{type(err).__name__}: {err}")
+            raise
         work: queue.SimpleQueue = queue.SimpleQueue()
         thread = threading.Thread(
             target=self._background,
             args=(writer, work, handle, total > capacity),
             name="ucp-async-save",
-            daemon=True,
+            daemon=False,  # the interpreter finishes a save in flight before it exits
         )
+        atexit.register(handle._fail_if_lost)
         self._inflight = handle
         # When everything fits, the writer starts only once the snapshot is complete:
         # both compete for CPU and memory bandwidth, and the caller waits only for the
@@ -213,7 +244,7 @@ class AsyncSaver:
             work.put(_Abort(err))
             if not thread.is_alive() and not handle.done():
                 thread.start()
-            handle._done.wait()
+            handle.exception()  # waits; the caller gets this failure as it is
             self._inflight = None
             raise
         finally:
@@ -273,6 +304,30 @@ class AsyncSaver:
             handle._finish(error)
 
 
+def _finish_before_shutdown(saver_ref: weakref.ref) -> None:
+    """Make the interpreter's shutdown wait for this saver's save in flight, before thread pools stop.
+
+    ``threading._register_atexit`` hooks run once the main thread is done and before
+    ``concurrent.futures`` refuses new work (its own hook), which the writer needs; plain
+    ``atexit`` handlers run too late. Waiting for the (non-daemon) writer thread alone
+    would let its I/O pools shut down under it.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # not CPython >= 3.9: the non-daemon thread still finishes or fails loudly
+        return
+
+    def finish() -> None:
+        saver = saver_ref()
+        handle = None if saver is None else saver._inflight
+        if handle is not None:
+            handle._done.wait()
+
+    try:
+        register(finish)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
+
+
 @functools.cache
 def default_saver() -> AsyncSaver:
     """The process-wide saver behind :func:`async_save` (created on first use)."""
@@ -289,18 +344,3 @@ def async_save(state: Any, path: str | Path, **save_kwargs: Any) -> AsyncSaveHan
         handle.wait()  # raises AsyncSaveError if the write failed
     """
     return default_saver().save(state, path, **save_kwargs)
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``ucp.async_save(state, path)`` work even when ``ucp.async_save`` names this module.
-
-    Importing a submodule binds it on its package under the same name as the
-    function this module exports, and which of the two wins depends on import
-    order; making the module itself call the function removes the ambiguity.
-    """
-
-    def __call__(self, state: Any, path: str | Path, **save_kwargs: Any) -> AsyncSaveHandle:
-        return async_save(state, path, **save_kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
