@@ -10,6 +10,13 @@ ucp on the same trainer.
     save_native(trainer, "ds", tag="step_10")
     universal = to_universal("ds", tag="step_10")              # offline, between the runs
     load_universal(new_trainer, universal)                      # new trainer built with universal=True
+
+And the way out of DeepSpeed: :func:`to_ucp` reads a native checkpoint with ucp's own
+DeepSpeed reader (``ucp.formats``: restricted unpickling, no DeepSpeed import) and writes
+it as a universal checkpoint, tensor by tensor, which every stack here loads::
+
+    to_ucp("ds/step_10", "ckpt/step_10")
+    MegatronTrainer(cfg, "tp=2,pp=2", settings, rank=rank).load("ckpt/step_10")
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 
 from integrations.stacks.common import Progress
 
-__all__ = ["save_native", "native_committed", "to_universal", "load_universal"]
+__all__ = ["save_native", "native_committed", "to_universal", "load_universal", "to_ucp"]
 
 
 def save_native(trainer, directory: str, *, tag: str) -> None:
@@ -56,3 +63,34 @@ def load_universal(trainer, universal: str) -> Progress:
     for state in trainer._adam.state.values():
         state["step"] = torch.tensor(float(trainer.progress.step))
     return trainer.progress
+
+
+def to_ucp(native: str, out: str) -> str:
+    """Convert the native DeepSpeed checkpoint ``native`` (a tag folder, or a folder with ``latest``)
+    into a ucp checkpoint at ``out``; returns ``out``.
+
+    Streams one logical tensor at a time (``<name>``, ``<name>/fp32``, ``<name>/exp_avg``,
+    ``<name>/exp_avg_sq``, ``<name>/step``: the reader's names are the trainers' names); the step
+    and data position come from the engine's step and the trainer's client state.
+    """
+    import ucp.formats  # noqa: F401 - registers the readers
+    from ucp.formats.base import get_format
+    from ucp.writer import CheckpointWriter
+
+    with get_format("deepspeed-zero").open_reader(native) as reader:
+        state = reader.state()
+        files = (state.extra.get("deepspeed") or {}).get("model_states") or {}
+        client = next(iter(files.values()), {}) if files else {}
+        progress = client.get("progress") or {"step": state.step or 0, "position": 0}
+        writer = CheckpointWriter(out)
+        try:
+            for info in reader.tensors():
+                writer.add(info.name, info.read())
+            writer.set_state({"step": int(progress["step"]), "data": {"position": int(progress["position"])},
+                              "run": {"stack": "deepspeed", "converted_from": "deepspeed-zero",
+                                      "zero_stage": state.extra.get("zero_stage"), "dp": state.extra.get("dp")}})
+        except BaseException as err:
+            writer.abort(f"{type(err).__name__}: {err}")
+            raise
+        writer.close()
+    return out

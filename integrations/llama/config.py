@@ -112,5 +112,6 @@ class LlamaConfig:
 
     def megatron_program(self) -> str:
         """The megatron-gpt UCL preset bound to this model, in its one-string form."""
-        return (f"megatron-gpt:num_layers={self.layers},heads={self.heads},kv_heads={self.kv_heads},"
-                f"vocab_size={self.vocab_size},vocab_multiple={self.vocab_multiple},num_experts={self.num_experts}")
+        return (f"megatron-gpt:num_layers={self.layers},hidden_size={self.hidden},ffn_hidden_size={self.ffn},"
+                f"heads={self.heads},kv_heads={self.kv_heads},vocab_size={self.vocab_size},"
+                f"vocab_multiple={self.vocab_multiple},num_experts={self.num_experts}")

@@ -43,7 +43,8 @@ from ucp.geometry import split_evenly
 
 __all__ = [
     "LlamaModel", "DecoderLayer", "Attention", "SwiGLU", "MoE", "RMSNorm", "rope_tables", "apply_rope",
-    "causal_attention", "route", "token_loss_sum", "init_weights", "logical_shapes", "build_model", "keep_stage", "stage_layers",
+    "causal_attention", "route", "token_loss_sum", "init_weights", "logical_shapes", "build_model", "keep_stage",
+    "stage_layers",
 ]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

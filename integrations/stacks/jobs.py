@@ -36,6 +36,7 @@ class Job:
     resume_from: str | None = None
     save_to: str | None = None
     snapshots: bool = False
+    native_save: bool = False  # DeepSpeed: save with the engine's own save_checkpoint instead of ucp
 
     @property
     def world(self) -> int:
@@ -89,7 +90,14 @@ def run_job(ctx, job: Job) -> dict:
         if ctx.rank == 0:
             ctx.emit("step", step=trainer.progress.step, loss=loss)
     if job.save_to:
-        trainer.save(job.save_to)
+        if job.native_save:
+            import os
+
+            from integrations.deepspeed.native import save_native
+
+            save_native(trainer, os.path.dirname(job.save_to), tag=os.path.basename(job.save_to))
+        else:
+            trainer.save(job.save_to)
         if job.snapshots:
             result["saved"] = _numpy(trainer.logical_snapshot())
     return result

@@ -2,7 +2,8 @@
 
 :func:`run_transition` trains ``steps_before`` steps under layout A (any stack),
 saves a universal checkpoint, resumes it under layout B (any stack) and trains
-``steps_after`` more steps. It returns every step's loss next to the
+``steps_after`` more steps (``native_deepspeed``: A saves DeepSpeed's own checkpoint, which
+ucp's DeepSpeed reader turns into a universal one first). It returns every step's loss next to the
 single-process reference run's, and checks the checkpoint bit for bit: the
 logical tensors A held when it saved equal the checkpoint's, and the ones B holds
 right after the load equal A's.
@@ -35,6 +36,7 @@ class Transition:
     model: str = ""
     steps_before: int = 3
     steps_after: int = 10
+    native_deepspeed: bool = False  # A saves a native DeepSpeed checkpoint; ucp's reader converts it
 
     def __str__(self) -> str:
         return f"{self.name}: {self.before[0]} {self.before[1]} -> {self.after[0]} {self.after[1]}"
@@ -100,8 +102,16 @@ def run_transition(t: Transition, directory: str | os.PathLike, *, settings: Tra
     total = t.steps_before + t.steps_after
     if reference is None:
         reference = reference_run(t.model, settings, total, preload=preload)
-    first = Job(t.before[0], t.before[1], t.model, settings, until_step=t.steps_before, save_to=path, snapshots=True)
+    saved_to = path
+    if t.native_deepspeed:
+        saved_to = os.path.join(os.fspath(directory), "native", f"step_{t.steps_before:08d}")
+    first = Job(t.before[0], t.before[1], t.model, settings, until_step=t.steps_before, save_to=saved_to,
+                snapshots=True, native_save=t.native_deepspeed)
     a = run(run_job, world=first.world, args=(first,), preload=preload)
+    if t.native_deepspeed:
+        from integrations.deepspeed.native import to_ucp
+
+        to_ucp(saved_to, path)
     second = Job(t.after[0], t.after[1], t.model, settings, until_step=total, resume_from=path, snapshots=True)
     b = run(run_job, world=second.world, args=(second,), preload=preload)
     result = TransitionResult(t, reference[:total], {**a["losses"], **b["losses"]},

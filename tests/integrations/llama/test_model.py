@@ -27,8 +27,8 @@ def test_config_string_form_round_trips_and_names_bad_fields():
 
 def test_megatron_program_binds_the_preset_to_the_model():
     cfg = LlamaConfig(layers=3, num_experts=2)
-    assert cfg.megatron_program() == ("megatron-gpt:num_layers=3,heads=8,kv_heads=4,vocab_size=100,"
-                                      "vocab_multiple=8,num_experts=2")
+    assert cfg.megatron_program() == ("megatron-gpt:num_layers=3,hidden_size=32,ffn_hidden_size=64,heads=8,"
+                                      "kv_heads=4,vocab_size=100,vocab_multiple=8,num_experts=2")
 
 
 def test_data_is_a_pure_function_of_the_sample_index():

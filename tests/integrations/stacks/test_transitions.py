@@ -35,6 +35,8 @@ TRANSITIONS = [
     Transition("torch-native TP x PP x CP -> DeepSpeed", ("native", "tp=2,pp=2,cp=2"), ("deepspeed", "dp=2,zero=2")),
     Transition("MoE on torch-native FSDP2 -> Megatron ep=2", ("native", "dp=2"), ("megatron", "tp=2,dp=2,ep=2,zero=1"),
                model=MOE),
+    Transition("native DeepSpeed ZeRO-2 checkpoint (ucp's reader) -> Megatron style", ("deepspeed", "dp=4,zero=2"),
+               ("megatron", "tp=2,pp=2,zero=1"), native_deepspeed=True),
 ]
 
 SETTINGS = TrainSettings()
