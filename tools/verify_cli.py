@@ -32,6 +32,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tools.format_views import foreign_format, verify_foreign
+
+    if (fmt := foreign_format(args.path)) is not None:  # DCP, safetensors, torch.save...: read every tensor back
+        return verify_foreign(args, fmt)
     from ucp.errors import CheckpointNotFoundError, FormatVersionError, IncompleteCheckpointError, ManifestError
     from ucp.verification import verify
 
