@@ -109,3 +109,16 @@ class RestoreError(UcpError, RuntimeError):
 
 class RestoreFallbackWarning(UserWarning):
     """CheckpointManager.restore skipped a damaged checkpoint (or recovered one); the message says which and why."""
+
+
+class UnsafePathError(UcpError, PermissionError):
+    """A file of a checkpoint resolves outside it (a symlink), is not a regular file, or is far
+    larger than the manifest says; it was not read."""
+
+
+class NotACheckpointError(CheckpointNotFoundError):
+    """The path holds something other than a ucp checkpoint: another format, a plain file, a device."""
+
+
+class StorageURLError(UcpError, ValueError):
+    """A checkpoint path or URL that no storage backend can open (unknown protocol, missing package)."""
