@@ -64,15 +64,3 @@ def test_vocab_parallel_cross_entropy_ignores_padding_and_matches_torch():
     ours.sum().backward()
     assert not logits.grad[:, 61:].any()
 
-
-@pytest.mark.xfail(strict=True, reason="UCL bug reported to the lead: saving an uneven split of a fused tensor "
-                   "places rank r's parts at r * (its own part size), overlapping the ranks before it")
-def test_ucl_places_uneven_fused_parts_where_split_evenly_puts_them():
-    """gate/up of ffn=50 over tp=4: parts of 13, 13, 12, 12 rows start at 0, 13, 26, 38 (Megatron itself
-    refuses ffn % tp != 0, and so does MegatronTrainer, so the stack never writes such a checkpoint)."""
-    program = "ucl 1\ntensor w\n  fuse dim 0\n    part a\n    part b\n  split dim 0 over tp\n"
-    starts = []
-    for rank, rows in enumerate([13, 13, 12, 12]):
-        fmap = ucl.spec_for_save(program, "tp=4", rank, {"w": ((2 * rows, 3), "float32")})
-        starts.append(next(p.target.offsets[0] for p in fmap.tensors["w"].pieces if p.logical == "a"))
-    assert starts == [0, 13, 26, 38]
