@@ -33,7 +33,7 @@ def test_demo_kills_a_rank_resumes_on_another_layout_and_matches_the_reference(t
 
 def test_demo_cli_rejects_too_few_steps(capsys):
     assert main(["demo", "--steps", "5"]) == 2
-    assert "--steps must be at least 12" in capsys.readouterr().out
+    assert "--steps must be at least 12" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -43,3 +43,16 @@ def test_demo_cli_json(tmp_path, capsys):
     assert data["killed_at_step"] >= 7 and data["resumed_from_step"] == 5 and data["final_step"] == 12
     assert data["ettr"]["restarts"] == 1 and data["max_relative_error"] < 1e-4
     assert data["plot"].endswith(PLOT_NAME) and data["second_layout"] == "tp=2,dp=3,zero=1"
+
+
+def test_demo_cli_exits_1_when_a_check_fails(monkeypatch, capsys):
+    import tools.demo
+
+    def fails(*_args, **_kwargs):
+        raise tools.demo.DemoCheckFailed("the run's loss left the uninterrupted reference: 3.0e-02 relative at "
+                                         "step 9 (tolerance 1e-04)")
+
+    monkeypatch.setattr(tools.demo, "run_demo", fails)
+    assert main(["demo", "--steps", "12"]) == 1
+    assert capsys.readouterr().err == ("ucp demo: the run's loss left the uninterrupted reference: 3.0e-02 relative "
+                                       "at step 9 (tolerance 1e-04)\n")

@@ -26,11 +26,17 @@ from integrations.llama.config import LlamaConfig
 from integrations.stacks.common import TrainSettings
 from integrations.stacks.recovery import FailurePlan, RecoveryReport, run_with_failure
 from integrations.stacks.transition import reference_run
+from ucp.errors import UcpError
 from ucp.layout import Layout
 
 STACK = "megatron"
 FIRST_LAYOUT, SECOND_LAYOUT = "tp=2,pp=2,dp=2,zero=1", "tp=2,dp=3,zero=1"
 PLOT_NAME = "loss_curves.png"
+LOSS_TOLERANCE = 1e-4  # relative, per step: what the transition tests hold every layout change to
+
+
+class DemoCheckFailed(UcpError, RuntimeError):
+    """The checkpoint failed ``ucp verify``, or the resumed ranks' tensors are not the checkpoint's."""
 
 
 @dataclass
@@ -160,13 +166,17 @@ def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_e
     report.verified = recovery.verified_tensors > 0 and not recovery.verify_mismatches
     checked = ucp.verify(recovery.checkpoint)
     if not checked.ok or not report.verified:
-        raise RuntimeError(f"demo: checkpoint {recovery.checkpoint} failed verification: {checked} "
-                           f"{recovery.verify_mismatches[:5]}")
+        raise DemoCheckFailed(f"checkpoint {recovery.checkpoint} failed verification: {checked} "
+                              f"{recovery.verify_mismatches[:5]}")
     report.ettr = ETTRTracker(directory).summary()
     if plot:
         report.plot = plot_losses(report, os.path.join(directory, PLOT_NAME))
     for line in summary_lines(report):
         say(line)
+    if report.max_relative_error >= LOSS_TOLERANCE:  # the table above shows where the curves part
+        step = max(report.relative_errors, key=report.relative_errors.get)
+        raise DemoCheckFailed(f"the run's loss left the uninterrupted reference: {report.max_relative_error:.1e} "
+                              f"relative at step {step} (tolerance {LOSS_TOLERANCE:.0e})")
     return report
 
 
@@ -222,4 +232,5 @@ def summary_lines(report: DemoReport) -> list[str]:
     return [*text.rstrip("\n").split("\n"), *plot, check]
 
 
-__all__ = ["run_demo", "DemoReport", "plot_losses", "summary_lines", "FIRST_LAYOUT", "SECOND_LAYOUT", "PLOT_NAME"]
+__all__ = ["run_demo", "DemoReport", "DemoCheckFailed", "plot_losses", "summary_lines", "FIRST_LAYOUT",
+           "SECOND_LAYOUT", "PLOT_NAME"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 MIN_STEPS = 12
@@ -28,17 +29,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.demo import run_demo
+    from tools.demo import DemoCheckFailed, run_demo
 
     if args.steps < MIN_STEPS:
         print(f"ucp demo: error: --steps must be at least {MIN_STEPS} (checkpoints every 5 steps before "
-              "the failure, which comes after 55% of the steps)")
+              "the failure, which comes after 55% of the steps)", file=sys.stderr)
         return 2
     began = time.perf_counter()
     say = (lambda *_: None) if args.json else (lambda line: print(line, flush=True))
     save_every = 5
     kill_after = max(save_every + 2, int(args.steps * 0.55))
-    report = run_demo(args.dir, say=say, steps=args.steps, save_every=save_every, kill_after_step=kill_after)
+    try:
+        report = run_demo(args.dir, say=say, steps=args.steps, save_every=save_every, kill_after_step=kill_after)
+    except DemoCheckFailed as err:  # the resumed run's tensors are not the checkpoint's: a failed check
+        print(f"ucp demo: {err}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -19,7 +19,7 @@ from integrations.llama.config import LlamaConfig
 from integrations.stacks.common import TrainSettings
 from ucp.layout import Layout
 
-__all__ = ["Job", "STACKS", "build_trainer", "run_job"]
+__all__ = ["Job", "STACKS", "build_trainer", "run_job", "rng_digest"]
 
 STACKS = ("native", "megatron", "deepspeed")
 
@@ -74,6 +74,15 @@ def _numpy(snapshot: dict | None) -> dict | None:
     return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy().copy() for k, v in snapshot.items()}
 
 
+def rng_digest() -> str:
+    """A short digest of this process's torch RNG state (to compare a saved and a restored one)."""
+    import hashlib
+
+    import torch
+
+    return hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
+
+
 def run_job(ctx, job: Job) -> dict:
     """The body of every rank (see the module doc); emits a ``step`` event per step."""
     trainer = build_trainer(job.stack, job.config, job.layout, job.settings, rank=ctx.rank,
@@ -81,6 +90,7 @@ def run_job(ctx, job: Job) -> dict:
     result: dict = {"losses": {}, "loaded": None, "saved": None}
     if job.resume_from:
         trainer.load(job.resume_from)
+        result["rng_loaded"] = rng_digest()
         if job.snapshots:
             result["loaded"] = _numpy(trainer.logical_snapshot())
     result["start_step"] = trainer.progress.step
@@ -98,6 +108,7 @@ def run_job(ctx, job: Job) -> dict:
             save_native(trainer, os.path.dirname(job.save_to), tag=os.path.basename(job.save_to))
         else:
             trainer.save(job.save_to)
+        result["rng_saved"] = rng_digest()  # what the save recorded: nothing draws from the RNG in between
         if job.snapshots:
             result["saved"] = _numpy(trainer.logical_snapshot())
     return result

@@ -5,8 +5,8 @@ saves a universal checkpoint, resumes it under layout B (any stack) and trains
 ``steps_after`` more steps (``native_deepspeed``: A saves DeepSpeed's own checkpoint, which
 ucp's DeepSpeed reader turns into a universal one first). It returns every step's loss next to the
 single-process reference run's, and checks the checkpoint bit for bit: the
-logical tensors A held when it saved equal the checkpoint's, and the ones B holds
-right after the load equal A's.
+logical tensors A held when it saved equal the checkpoint's, the ones B holds
+right after the load equal A's, and rank 0's RNG state after the load is the one it saved.
 
     result = run_transition(Transition("tp 2->4", ("megatron", "tp=2,dp=2"), ("megatron", "tp=4")), "/tmp/t")
     assert result.worst_relative < 1e-4 and not result.mismatches
@@ -121,4 +121,8 @@ def run_transition(t: Transition, directory: str | os.PathLike, *, settings: Tra
     result.mismatches += [f"loaded {n}" for n in compare_snapshots(a["saved"], b["loaded"])]
     if b["start_step"] != t.steps_before:
         result.mismatches.append(f"resumed at step {b['start_step']}, saved at {t.steps_before}")
+    # rank 0 exists in every layout: its RNG stream goes on where it stopped (a native DeepSpeed
+    # checkpoint records no torch RNG state, so there the resumed rank starts a fresh stream)
+    if not t.native_deepspeed and b["rng_loaded"] != a["rng_saved"]:
+        result.mismatches.append(f"rank 0's RNG state: saved {a['rng_saved']}, restored {b['rng_loaded']}")
     return result
