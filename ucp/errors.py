@@ -83,6 +83,10 @@ class AsyncSaveError(UcpError, RuntimeError):
     """A background save failed; raised from its handle and from the next save."""
 
 
+class SaveTimeoutError(UcpError, TimeoutError):
+    """Waiting for an async save (or for staging space for one) took longer than the timeout given."""
+
+
 class CheckpointExistsError(UcpError, FileExistsError):
     """A committed checkpoint is already at the path and ``overwrite`` was not given."""
 

@@ -25,6 +25,7 @@ from ucp.formats.base import (  # noqa: F401
 import ucp.formats.ucp_format  # noqa: F401,E402  (manifest.json)
 import ucp.formats.dcp  # noqa: F401,E402  (.metadata)
 import ucp.formats.safetensors_format  # noqa: F401,E402  (*.safetensors, model.safetensors.index.json)
+import ucp.formats.hf_torch  # noqa: F401,E402  (pytorch_model.bin, pytorch_model.bin.index.json)
 from ucp.formats import deepspeed_zero  # noqa: E402,F401  (registers deepspeed-zero)
 from ucp.formats import deepspeed_pipeline  # noqa: E402,F401  (registers deepspeed-pipeline)
 from ucp.formats import deepspeed_universal  # noqa: E402,F401  (registers deepspeed-universal)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -44,6 +45,7 @@ from ucp.dtypes import allocate, dtype_name
 from ucp.errors import FormatError, UnsafePickleError
 from ucp.formats.base import Format, TensorInfo, TrainingState, expect_block, region_reader, register_format
 from ucp.formats.naming import build_tree, split_tree, unplain
+from ucp.formats.rawio import read_box
 from ucp.formats.staging import StagedOutput
 from ucp.geometry import Box, coverage_gaps
 from ucp.spec import LogicalTensor
@@ -138,6 +140,11 @@ class DcpReader:
         tree = _nest({planner_data.get(k, (k,)): _DcpTensor(k) if k in tensors else values[k] for k in entries})
         self._names, self._state = split_tree(tree, lambda v: isinstance(v, _DcpTensor))
         self._tensors = tensors
+        self._dtypes = {fqn: dtype_name(md.properties.dtype) for fqn, md in tensors.items()}
+        # Direct reads: where each chunk's bytes are, found on first use; open data files.
+        self._records: dict[tuple, tuple[Any, int] | None] = {}
+        self._files: dict[str, Any] = {}
+        self._lock = threading.Lock()
 
     def _check_tensor(self, fqn: str, md: Any) -> None:
         shape = tuple(md.size)
@@ -210,6 +217,8 @@ class DcpReader:
                 overlap = cbox.intersect(box) if box.ndim else box
                 if overlap is None or (box.ndim and overlap.is_empty()):
                     continue
+                if box.ndim and self._read_direct(fqn, cbox, dtype, overlap, out, box):
+                    continue
                 items.append(ReadItem(LoadItemType.TENSOR, _index(fqn, box.offsets),
                                       torch.Size(overlap.relative_to(box).offsets), _index(fqn, cbox.offsets),
                                       torch.Size(overlap.relative_to(cbox).offsets), torch.Size(overlap.sizes)))
@@ -221,11 +230,53 @@ class DcpReader:
 
         return read
 
+    def _read_direct(self, fqn: str, cbox: Box, dtype: str, overlap: Box, out: torch.Tensor, box: Box) -> bool:
+        """Copy ``overlap`` of chunk ``cbox`` into ``out`` (which holds ``box``) straight from its storage
+        record; False where only DCP's own reader can (a stream transform such as compression, or a
+        chunk that is not a plain contiguous tensor of the announced shape and dtype)."""
+        where = self._chunk_record(fqn, cbox)
+        if where is None:
+            return False
+        file, offset = where
+        view = out
+        for dim, (start, length) in enumerate(zip(overlap.relative_to(box).offsets, overlap.sizes)):
+            view = view.narrow(dim, start, length)
+        read_box(file.fileno(), offset, cbox.sizes, dtype, overlap.relative_to(cbox),
+                 what=f"{self.path}: chunk {cbox} of {fqn!r}", into=view)
+        return True
+
+    def _chunk_record(self, fqn: str, cbox: Box) -> tuple[Any, int] | None:
+        key = (fqn, cbox.offsets)
+        with self._lock:
+            if key not in self._records:
+                self._records[key] = self._locate(fqn, cbox)
+            return self._records[key]
+
+    def _locate(self, fqn: str, cbox: Box) -> tuple[Any, int] | None:
+        # Imported here: importing the module registers the torch format, which must stay last in order.
+        from ucp.formats.torch_file import saved_tensor_at
+
+        info = self._storage.storage_data[_index(fqn, cbox.offsets)]
+        if info.transform_descriptors:
+            return None
+        file = self._files.get(info.relative_path)
+        if file is None:
+            file = self._files[info.relative_path] = open(os.path.join(self.path, info.relative_path), "rb")
+        try:
+            lazy, offset = saved_tensor_at(file.name, info.offset, info.length, file)
+        except FormatError:
+            return None  # DCP's own reader decides (and names the damage)
+        if lazy.shape != cbox.sizes or lazy.dtype != self._dtypes[fqn] or not lazy.contiguous():
+            return None
+        return file, offset
+
     def state(self) -> TrainingState:
         return self._state
 
     def close(self) -> None:
-        pass
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
 
     def __enter__(self) -> "DcpReader":
         return self

@@ -79,21 +79,22 @@ def write_at(fd: int, offset: int, tensor: torch.Tensor) -> int:
     return len(view)
 
 
-def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box, *, what: str) -> torch.Tensor:
-    """``box`` of the row-major ``shape`` tensor whose bytes start at ``offset`` in ``fd`` (a new tensor)."""
-    out = allocate(box.sizes, dtype, what=what)
+def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box, *, what: str,
+             into: torch.Tensor | None = None) -> torch.Tensor:
+    """``box`` of the row-major ``shape`` tensor whose bytes start at ``offset`` in ``fd``.
+
+    Into a new tensor, or into ``into`` (a tensor of the box's sizes and the dtype, possibly a strided
+    view of a larger one: a contiguous run of the file then lands in it with no copy in between).
+    """
+    out = allocate(box.sizes, dtype, what=what) if into is None else into
     if box.is_empty() or not shape and not out.numel():
         return out
     itemsize = out.element_size()
-    dest = memoryview(to_numpy(out).reshape(-1).view(np.uint8))
-    if not shape:
-        _pread_into(fd, offset, dest, what)
-        return out
     trailing = math.prod(shape[1:])
     row_bytes = trailing * itemsize
-    if _contiguous(shape, box):
-        start = flat_offset(shape, box.offsets) * itemsize
-        _pread_into(fd, offset + start, dest, what)
+    if out.is_contiguous() and (not shape or _contiguous(shape, box)):
+        start = flat_offset(shape, box.offsets) * itemsize if shape else 0
+        _pread_into(fd, offset + start, memoryview(to_numpy(out).reshape(-1).view(np.uint8)), what)
         return out
     # Read whole rows of dim 0 in slabs and copy the box's part of them.
     rows = max(1, SLAB_BYTES // max(1, row_bytes))

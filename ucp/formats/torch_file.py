@@ -27,6 +27,7 @@ any zip tool), written without ever holding the state in memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -125,10 +126,50 @@ def _is_tensor(value: Any) -> bool:
     return isinstance(value, (LazyTensor, torch.Tensor))
 
 
-def _record_offsets(path: str) -> tuple[str, dict[str, tuple[int, int]], zipfile.ZipFile]:
-    """``(archive prefix, {record name: (data offset, size)}, zip)``: where each record's bytes are."""
+class _Window(io.RawIOBase):
+    """Bytes ``[start, start + length)`` of a file as a seekable file of their own (a zip stored inside
+    another file, as DCP stores each tensor: zipfile then reads it without copying the whole blob)."""
+
+    def __init__(self, fh: Any, start: int, length: int) -> None:
+        self._fh, self._start, self._length, self._pos = fh, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        left = max(0, self._length - self._pos)
+        size = left if size is None or size < 0 else min(size, left)
+        self._fh.seek(self._start + self._pos)
+        data = self._fh.read(size)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _record_offsets(path: str, fh: Any = None, base: int = 0
+                    ) -> tuple[str, dict[str, tuple[int, int, int]], zipfile.ZipFile]:
+    """``(archive prefix, {record name: (data offset, size, compression)}, zip)``: where each record's bytes are.
+
+    ``fh`` (a :class:`_Window`) reads a zip stored inside ``path`` from byte ``base`` on; offsets are
+    then still offsets in ``path``.
+    """
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(fh if fh is not None else path)
     except (zipfile.BadZipFile, OSError) as err:
         raise FormatError(f"{path} is not a readable torch.save file: {err}") from None
     names = archive.namelist()
@@ -137,15 +178,44 @@ def _record_offsets(path: str) -> tuple[str, dict[str, tuple[int, int]], zipfile
         raise FormatError(f"{path}: a torch.save archive holds one data.pkl; found {len(pkl)}")
     prefix = pkl[0][: -len("data.pkl")]
     offsets = {}
-    with open(path, "rb") as fh:
+    with open(path, "rb") if fh is None else contextlib.nullcontext(fh) as source:
         for info in archive.infolist():
-            fh.seek(info.header_offset)
-            local = fh.read(30)
+            source.seek(info.header_offset)
+            local = source.read(30)
             if len(local) < 30 or local[:4] != b"PK\x03\x04":
                 raise FormatError(f"{path}: the zip entry {info.filename!r} has no local header (damaged file)")
             n, m = struct.unpack("<HH", local[26:30])
-            offsets[info.filename] = (info.header_offset + 30 + n + m, info.file_size, info.compress_type)
+            offsets[info.filename] = (base + info.header_offset + 30 + n + m, info.file_size, info.compress_type)
     return prefix, offsets, archive
+
+
+def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTensor, int]:
+    """The one tensor ``torch.save`` wrote into bytes ``[start, start + length)`` of ``path``, unread:
+    its description and the file offset of its storage record (``fh``: ``path`` opened ``"rb"``).
+
+    This is how DCP's ``FileSystemWriter`` stores each chunk; reading the record's bytes straight
+    into place avoids ``torch.load`` allocating and copying the whole chunk. Anything else there
+    (another object, a compressed or short record) is a :class:`FormatError`.
+    """
+    window = _Window(fh, start, length)
+    prefix, offsets, archive = _record_offsets(path, window, start)
+    try:
+        value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
+    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, zlib.error) as err:
+        if isinstance(err, FormatError):
+            raise
+        raise FormatError(f"{path}: the tensor saved at byte {start} cannot be read ({type(err).__name__}: {err})"
+                          ) from None
+    finally:
+        archive.close()
+    if not isinstance(value, LazyTensor):
+        raise FormatError(f"{path}: bytes {start}..{start + length} hold a {type(value).__name__}, not a tensor")
+    record = offsets.get(prefix + "data/" + value.key)
+    itemsize = getattr(torch, value.dtype).itemsize
+    need = (value.offset + _extent(value.shape, value.stride)) * itemsize if math.prod(value.shape) else 0
+    if record is None or record[2] != zipfile.ZIP_STORED or need > record[1]:
+        raise FormatError(f"{path}: the tensor saved at byte {start} has a missing, compressed or short storage record")
+    return value, record[0] + value.offset * itemsize
 
 
 class TorchFileReader:
