@@ -49,7 +49,9 @@ _TBIRD = re.compile(r"(\S+) (\d{9,10}) (\S+ )(\S+)( \w{3} +\d+ \d\d:\d\d:\d\d )(
 _LINUX = re.compile(r"(\w{3} +\d+ \d\d:\d\d:\d\d )(\S+)( .*)")
 _OPENSTACK = re.compile(r"(\S+ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ )(\d+)( .*)")
 # Digit runs to redraw; numbers that decide a category (HTTP status, exit codes) keep theirs.
-_VARIABLE_DIGITS = re.compile(r"(?<!status: )(?<!tatus=)(?<!Xid )(?<!xit )(?<!XITSTATUS )\d+")
+# Whole digit runs only ((?<!\d)): a run that starts mid-number ("status: 200" -> "00") would redraw
+# the status it is meant to keep.
+_VARIABLE_DIGITS = re.compile(r"(?<!status: )(?<!tatus=)(?<!Xid )(?<!xit )(?<!XITSTATUS )(?<!\d)\d+")
 
 
 class _Varier:
