@@ -33,7 +33,7 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from reliability.logs.detect import Detector, TemplateStats
+from reliability.logs.detect import Detector, LineEvidence, TemplateStats, in_context
 from reliability.logs.discover import DiscoveredCategory, FlaggedTemplate, discover_categories
 from reliability.logs.header import SEVERITY_NAMES
 from reliability.logs.incidents import Incident, LemonNode, build_incidents, lemon_nodes
@@ -42,8 +42,8 @@ from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_
 from reliability.logs.miner import TemplateMiner
 from reliability.logs.parallel import run_in_process
 from reliability.logs.records import Event, InputCounters
-from reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, Partition, gc_paused, plan_partitions,
-                                   scan_partition)
+from reliability.logs.scan import (DEFAULT_SPLIT_BYTES, KeyInfo, PartialScan, Partition, gc_paused,
+                                   plan_partitions, scan_partition)
 from reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
 from reliability.logs.template_state import TemplateSet
 
@@ -105,6 +105,11 @@ class MergedScan:
     last: float | None = None
     keys: dict = field(default_factory=dict)  # masked key -> KeyInfo of its first partition, counts summed
     drafts: list = field(default_factory=list)  # (file, line, ts, node, job, key, message)
+    top_levels: dict = field(default_factory=dict)  # file -> the worst severity any of its lines names
+
+    def evidence(self, info: KeyInfo) -> LineEvidence:
+        """What the detector reads for a key: its evidence, its level read against its file's levels."""
+        return in_context(info.evidence, file_top_level=self.top_levels.get(info.file))
 
 
 def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
@@ -117,6 +122,9 @@ def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
             old = getattr(merged.counters, f.name)
             setattr(merged.counters, f.name, old + getattr(c, f.name))
         merged.nodes |= scan.nodes
+        path = scan.partition.path
+        levels = [lv for lv in (merged.top_levels.get(path), scan.top_level) if lv is not None]
+        merged.top_levels[path] = max(levels, default=None)
         if scan.first_timestamp is not None:
             merged.first = scan.first_timestamp if merged.first is None else min(merged.first, scan.first_timestamp)
             merged.last = scan.last_timestamp if merged.last is None else max(merged.last, scan.last_timestamp)
@@ -250,7 +258,7 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
         elif not info.candidate:
             verdict = KeyVerdict(NORMAL, 1.0, "none")
         else:
-            p = detector.probability(info.evidence, stats_of[tid])
+            p = detector.probability(merged.evidence(info), stats_of[tid])
             if p < detector.threshold:
                 verdict = KeyVerdict(NORMAL, round(1.0 - p, 4), "detector")
             else:
