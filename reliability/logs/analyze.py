@@ -33,8 +33,8 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from reliability.logs.detect import Detector, LineEvidence, TemplateStats, in_context
-from reliability.logs.discover import DiscoveredCategory, FlaggedTemplate, discover_categories
+from reliability.logs.detect import Detector, TemplateStats
+from reliability.logs.discover import MAX_OCCURRENCES, DiscoveredCategory, FlaggedTemplate, discover_categories
 from reliability.logs.header import SEVERITY_NAMES
 from reliability.logs.incidents import Incident, LemonNode, build_incidents, lemon_nodes
 from reliability.logs.masking import mask
@@ -42,7 +42,7 @@ from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_
 from reliability.logs.miner import TemplateMiner
 from reliability.logs.parallel import run_in_process
 from reliability.logs.records import Event, InputCounters
-from reliability.logs.scan import (DEFAULT_SPLIT_BYTES, KeyInfo, PartialScan, Partition, gc_paused,
+from reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, Partition, gc_paused,
                                    plan_partitions, scan_partition)
 from reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
 from reliability.logs.template_state import TemplateSet
@@ -105,11 +105,6 @@ class MergedScan:
     last: float | None = None
     keys: dict = field(default_factory=dict)  # masked key -> KeyInfo of its first partition, counts summed
     drafts: list = field(default_factory=list)  # (file, line, ts, node, job, key, message)
-    top_levels: dict = field(default_factory=dict)  # file -> the worst severity any of its lines names
-
-    def evidence(self, info: KeyInfo) -> LineEvidence:
-        """What the detector reads for a key: its evidence, its level read against its file's levels."""
-        return in_context(info.evidence, file_top_level=self.top_levels.get(info.file))
 
 
 def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
@@ -122,9 +117,6 @@ def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
             old = getattr(merged.counters, f.name)
             setattr(merged.counters, f.name, old + getattr(c, f.name))
         merged.nodes |= scan.nodes
-        path = scan.partition.path
-        levels = [lv for lv in (merged.top_levels.get(path), scan.top_level) if lv is not None]
-        merged.top_levels[path] = max(levels, default=None)
         if scan.first_timestamp is not None:
             merged.first = scan.first_timestamp if merged.first is None else min(merged.first, scan.first_timestamp)
             merged.last = scan.last_timestamp if merged.last is None else max(merged.last, scan.last_timestamp)
@@ -258,7 +250,7 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
         elif not info.candidate:
             verdict = KeyVerdict(NORMAL, 1.0, "none")
         else:
-            p = detector.probability(merged.evidence(info), stats_of[tid])
+            p = detector.probability(info.evidence, stats_of[tid])
             if p < detector.threshold:
                 verdict = KeyVerdict(NORMAL, round(1.0 - p, 4), "detector")
             else:
@@ -271,7 +263,7 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
         if verdict is not None:
             verdicts[key] = verdict
             methods[verdict.method] = methods.get(verdict.method, 0) + 1
-    discovered = _discover(unknown, templates=templates, taxonomy=taxonomy)
+    discovered = _discover(unknown, templates=templates, taxonomy=taxonomy, drafts=merged.drafts)
     for cat in discovered:
         for tid in cat.template_ids:
             for key, _info, p in unknown[tid]:
@@ -280,10 +272,20 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     return template_of, verdicts, tuple(discovered), methods
 
 
-def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy) -> list[DiscoveredCategory]:
+def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy,
+              drafts: list) -> list[DiscoveredCategory]:
     if not unknown:
         return []
     model = _domain_model(taxonomy)
+    # When and where each template's lines fired: mined categories group templates that fire together.
+    template_of_key = {key: tid for tid, members in unknown.items() for key, _, _ in members}
+    occurrences: dict[int, list] = {}
+    for _file, _line, ts, node, _job, key, _message in drafts:
+        tid = template_of_key.get(key)
+        if tid is not None and ts is not None and node is not None:
+            seen = occurrences.setdefault(tid, [])
+            if len(seen) < MAX_OCCURRENCES:
+                seen.append((ts, node))
 
     def domain_of(text: str) -> tuple[str, float]:
         probs = model.probabilities(mask(text))
@@ -296,7 +298,7 @@ def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy) -> l
         nodes = sorted({n for _, info, _ in members for n in info.nodes})
         flagged.append(FlaggedTemplate(template_id=tid, text=templates.get(tid).text,
                                        lines=sum(info.count for _, info, _ in members), nodes=tuple(nodes),
-                                       examples=examples))
+                                       examples=examples, occurrences=tuple(sorted(occurrences.get(tid, ())))))
     return discover_categories(flagged, domain_of=domain_of, taken=(c.path for c in taxonomy.categories))
 
 

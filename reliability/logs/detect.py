@@ -26,17 +26,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 
 from reliability.logs.errors import TaxonomyError
 from reliability.logs.header import CRITICAL, DEBUG, ERROR, INFO, WARNING
 
 # Words that report something going wrong, whatever the system (stems; matched on word starts). A word
-# starts after anything but a letter, so words inside identifiers count too: ERROR_FILE_NOT_FOUND, io_error.
+# starts after anything but a letter, or at a capital after a small letter (camel case), so words inside
+# identifiers count too: ERROR_FILE_NOT_FOUND, io_error, onConnectionFailed.
 _W = "(?![A-Za-z])"  # the end of a whole word
 _FAILURE = re.compile(
-    r"(?<![A-Za-z])(?:fail|error|err" + _W + r"|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|"
+    r"(?:(?<![A-Za-z])|(?-i:(?<=[a-z])(?=[A-Z])))(?:fail|error|err" + _W + r"|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|"
     r"exception|timed? ?out|timeout|unreachable|not reachable|refused|lost" + _W + r"|loss of|dead" + _W + r"|"
     r"deadlock|corrupt|killed|kill(?:ing)? process|terminat|not respond|no (?:answer|response|reply)|not answer|"
     r"unresponsive|unable|cannot|can't|could not|couldn't|bad" + _W + r"|invalid|unavailable|broken|"
@@ -127,9 +128,9 @@ def line_evidence(content: str, *, severity: int | None, raw: str | None = None)
     >>> e = line_evidence("instruction cache parity error corrected", severity=INFO)
     >>> (e.failure_words, e.strong, e.benign)
     (1, True, True)
-    >>> line_evidence("Expecting attribute name [HRESULT <*> - CBS_E_MANIFEST_INVALID_ITEM]", severity=INFO,
-    ...               raw="Expecting attribute name [HRESULT = 0x800f080d - CBS_E_MANIFEST_INVALID_ITEM]").failure_words
-    3
+    >>> line_evidence("Opening store [HRESULT <*> - E_ACCESSDENIED]", severity=INFO,
+    ...               raw="Opening store [HRESULT = 0x80070005 - E_ACCESSDENIED]").failure_words
+    2
     """
     words = len(_FAILURE.findall(content))
     if raw is not None:
@@ -139,24 +140,6 @@ def line_evidence(content: str, *, severity: int | None, raw: str | None = None)
         benign=_BENIGN.search(content) is not None, auth=_AUTH.search(content) is not None,
         exception=_EXCEPTION.search(content) is not None,
         dump=is_dump(content))
-
-
-def in_context(evidence: LineEvidence, *, file_top_level: int | None) -> LineEvidence:
-    """``evidence`` as the detector reads it, given the worst level its file ever names.
-
-    A level means something against the other levels a file uses. A file that
-    never writes a warning or worse (Windows' CBS log writes everything at
-    ``Info``, its failures too) has no way to say "failure" with a level, so
-    there an info or debug level says nothing and is read as no level.
-
-    >>> e = line_evidence("Failed to get next element", severity=INFO)
-    >>> in_context(e, file_top_level=INFO).severity is None, in_context(e, file_top_level=ERROR).severity
-    (True, 1)
-    """
-    if evidence.severity is not None and evidence.severity < WARNING \
-            and (file_top_level is None or file_top_level < WARNING):
-        return replace(evidence, severity=None)
-    return evidence
 
 
 def failure_phrase(text: str, *, before: int = 2, after: int = 3) -> str | None:

@@ -1,15 +1,31 @@
 """Discovered categories: failure templates no taxonomy category knows, grouped and named.
 
 Lines the detector flags that no rule, taxonomy template or confident model
-answer places go here, never to ``normal``. Their templates are clustered by
-the words they share (Jaccard similarity of their constant words at least
-``min_similarity``, 0.5, against the cluster's largest template; largest
-templates first, so the result does not depend on input order). Each cluster
-becomes a category ``<domain>/discovered/<name>``: the name is made of the
-first words of its largest template, the domain (hardware, infra, software,
-user) is guessed by a model trained on the taxonomy's own examples, with its
-probability as confidence. :meth:`DiscoveredCategory.taxonomy_entry` writes
-one in the taxonomy file format, so a site can review, rename and keep it
+answer places go here, never to ``normal``. Their templates are grouped by
+two signals (:class:`Grouping`): the words they share (Jaccard similarity of
+their constant words) and whether they *fire together* - on the same node,
+within ``window_s`` seconds of each other. Two templates are one category when
+
+- their words are nearly the same (Jaccard >= ``same_words``, 0.8); or
+- their words are alike (>= ``similar_words``, 0.5) and they do fire together
+  some of the time, or there are too few timed lines to tell: alike words
+  that never meet on a node ("Lustre mount failed" and "NFS mount failed",
+  each on its own nodes and times) are two kinds of failure, not one;
+- or, whatever their words, they fire together: most lines of each have a
+  line of the other on the same node within the window (``together``, 0.7),
+  as the messages of one failure do ("kernel terminated" and the
+  "rts: bad message header" that always follows it) - and far more often
+  than chance would put them there (at most ``chance`` of that share, 0.5:
+  on one busy host, a template that fires every minute is "near" everything;
+  chance is what lines spread evenly over the run's timed span would give).
+
+Templates are taken largest first and join the first category whose largest
+template they go with, so the result does not depend on input order. Each
+category becomes ``<domain>/discovered/<name>``: the name is made of the
+words around the failure word of its largest template, the domain (hardware,
+infra, software, user) is guessed by a model trained on the taxonomy's own
+examples, with its probability as confidence. :meth:`DiscoveredCategory.taxonomy_entry`
+writes one in the taxonomy file format, so a site can review, rename and keep it
 (``ucp logs analyze --taxonomy-out FILE``).
 
 Example::
@@ -22,13 +38,15 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reliability.logs.detect import failure_phrase
 
 MAX_EXAMPLES = 5
 MAX_NODES = 20
+MAX_OCCURRENCES = 2000  # timed lines kept per template: enough to tell whether two fire together
 _WORD = re.compile(r"[A-Za-z][A-Za-z_-]*[A-Za-z]|[A-Za-z]")
 _STOP = frozenset("a an the of on in at to for from by with and or is are was were be been has have had this "
                   "that it its as".split())
@@ -43,6 +61,19 @@ class FlaggedTemplate:
     lines: int
     nodes: tuple[str, ...]
     examples: tuple[str, ...]
+    occurrences: tuple[tuple[float, str], ...] = ()  # (timestamp, node) of its timed lines, in time order
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """When two flagged templates make one category (see the module docstring)."""
+
+    same_words: float = 0.8
+    similar_words: float = 0.5
+    together: float = 0.7
+    chance: float = 0.5  # the share chance would give, at most this fraction of the observed share
+    window_s: float = 60.0
+    min_occurrences: int = 3  # timed lines each template needs before timing decides anything
 
 
 @dataclass(frozen=True)
@@ -58,12 +89,13 @@ class DiscoveredCategory:
     lines: int
     nodes: tuple[str, ...]
     examples: tuple[str, ...]
+    joined_by: tuple[str, ...] = ()  # per template: "lead" (the largest), "words" or "time"
 
     def to_dict(self) -> dict:
         return {"path": self.path, "name": self.name, "domain": self.domain,
                 "domain_confidence": self.domain_confidence, "templates": list(self.templates),
-                "template_ids": list(self.template_ids), "lines": self.lines, "nodes": list(self.nodes),
-                "examples": list(self.examples)}
+                "template_ids": list(self.template_ids), "joined_by": list(self.joined_by), "lines": self.lines,
+                "nodes": list(self.nodes), "examples": list(self.examples)}
 
     def taxonomy_entry(self) -> dict:
         """This category as an entry of a taxonomy file (docs/LOGS.md), ready to review and merge."""
@@ -107,45 +139,127 @@ def _jaccard(a: frozenset, b: frozenset) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
+def _times_by_node(occurrences: Sequence[tuple[float, str]]) -> dict[str, list[float]]:
+    by_node: dict[str, list[float]] = {}
+    for ts, node in occurrences:
+        by_node.setdefault(node, []).append(ts)
+    for times in by_node.values():
+        times.sort()
+    return by_node
+
+
+def co_occurrence(lines: Sequence[tuple[float, str]], other: dict[str, list[float]], *, window_s: float) -> float:
+    """Share of ``lines`` ((timestamp, node)) with a line of ``other`` (node -> sorted times) on the same
+    node within ``window_s`` seconds.
+
+    >>> co_occurrence([(10.0, "n1"), (500.0, "n1"), (10.0, "n2")], {"n1": [12.0]}, window_s=60)
+    0.3333333333333333
+    """
+    if not lines:
+        return 0.0
+    hits = 0
+    for ts, node in lines:
+        times = other.get(node)
+        if times:
+            i = bisect_left(times, ts - window_s)
+            hits += i < len(times) and times[i] <= ts + window_s
+    return hits / len(lines)
+
+
+def chance_co_occurrence(lines: Sequence[tuple[float, str]], other: dict[str, list[float]], *, window_s: float,
+                         span_s: float) -> float:
+    """The share :func:`co_occurrence` would give if ``other``'s lines were spread evenly over ``span_s``.
+
+    >>> chance_co_occurrence([(10.0, "n1"), (20.0, "n2")], {"n1": [1.0, 2.0, 3.0]}, window_s=60, span_s=3600)
+    0.05
+    """
+    if not lines:
+        return 0.0
+    if span_s <= 0:
+        return 1.0  # no time to spread over: anything is near anything
+    return sum(min(1.0, 2 * window_s * len(other.get(node, ())) / span_s) for _, node in lines) / len(lines)
+
+
+class _Affinity:
+    """Whether two flagged templates make one category, and why (the rules of :class:`Grouping`)."""
+
+    def __init__(self, templates: Sequence[FlaggedTemplate], grouping: Grouping):
+        self.grouping = grouping
+        self.bags = {t.template_id: frozenset(words(t.text)) for t in templates}
+        self.timed = {t.template_id: (t.occurrences, _times_by_node(t.occurrences)) for t in templates
+                      if len(t.occurrences) >= grouping.min_occurrences}
+        stamps = [ts for t in templates for ts, _ in t.occurrences]
+        self.span_s = max(stamps) - min(stamps) if stamps else 0.0
+
+    def _together(self, a: int, b: int) -> tuple[float, float] | None:
+        if a not in self.timed or b not in self.timed:
+            return None
+        (lines_a, times_a), (lines_b, times_b) = self.timed[a], self.timed[b]
+        w = self.grouping.window_s
+        return co_occurrence(lines_a, times_b, window_s=w), co_occurrence(lines_b, times_a, window_s=w)
+
+    def _beyond_chance(self, a: int, b: int, together: tuple[float, float]) -> bool:
+        (lines_a, times_a), (lines_b, times_b) = self.timed[a], self.timed[b]
+        w, limit = self.grouping.window_s, self.grouping.chance
+        return (chance_co_occurrence(lines_a, times_b, window_s=w, span_s=self.span_s) <= limit * together[0]
+                and chance_co_occurrence(lines_b, times_a, window_s=w, span_s=self.span_s) <= limit * together[1])
+
+    def link(self, lead: int, other: int) -> str | None:
+        g = self.grouping
+        alike = _jaccard(self.bags[lead], self.bags[other])
+        if alike >= g.same_words:
+            return "words"
+        together = self._together(lead, other)
+        if alike >= g.similar_words and (together is None or max(together) > 0.0):
+            return "words"
+        if together is not None and min(together) >= g.together and self._beyond_chance(lead, other, together):
+            return "time"
+        return None
+
+
 def discover_categories(flagged: Iterable[FlaggedTemplate], *, domain_of: Callable[[str], tuple[str, float]],
-                        min_similarity: float = 0.5, taken: Iterable[str] = ()) -> list[DiscoveredCategory]:
-    """Cluster ``flagged`` templates into named categories (see the module docstring)."""
+                        grouping: Grouping = Grouping(), taken: Iterable[str] = ()) -> list[DiscoveredCategory]:
+    """Group ``flagged`` templates into named categories (see the module docstring)."""
     ordered = sorted(flagged, key=lambda t: (-t.lines, t.template_id))
-    clusters: list[tuple[frozenset, list[FlaggedTemplate]]] = []
+    affinity = _Affinity(ordered, grouping)
+    clusters: list[list[tuple[FlaggedTemplate, str]]] = []
     for template in ordered:
-        bag = frozenset(words(template.text))
-        for head, members in clusters:
-            if _jaccard(head, bag) >= min_similarity:
-                members.append(template)
+        for members in clusters:
+            why = affinity.link(members[0][0].template_id, template.template_id)
+            if why is not None:
+                members.append((template, why))
                 break
         else:
-            clusters.append((bag, [template]))
+            clusters.append([(template, "lead")])
     used = set(taken)
-    found = []
-    for _, members in clusters:
-        lead = members[0]
-        domain, confidence = domain_of(" ".join(t.examples[0] if t.examples else t.text for t in members[:3]))
-        # Named after what went wrong: the words around the first failure word, else the first words.
-        phrase = failure_phrase(lead.text) or lead.text
-        name = slug(phrase)
-        path = f"{domain}/discovered/{name}"
-        n = 2
-        while path in used:
-            path = f"{domain}/discovered/{name}-{n}"
-            n += 1
-        used.add(path)
-        nodes = sorted({node for t in members for node in t.nodes})
-        examples = []
-        for t in members:
-            for ex in t.examples:
-                if ex not in examples and len(examples) < MAX_EXAMPLES:
-                    examples.append(ex)
-        found.append(DiscoveredCategory(
-            path=path, name=" ".join(words(phrase)[:8]) or lead.text[:60], domain=domain,
-            domain_confidence=round(float(confidence), 4), templates=tuple(t.text for t in members),
-            template_ids=tuple(t.template_id for t in members), lines=sum(t.lines for t in members),
-            nodes=tuple(nodes[:MAX_NODES]), examples=tuple(examples)))
-    return found
+    return [_category([t for t, _ in members], tuple(why for _, why in members), domain_of=domain_of, used=used)
+            for members in clusters]
+
+
+def _category(members: list[FlaggedTemplate], joined_by: tuple[str, ...], *,
+              domain_of: Callable[[str], tuple[str, float]], used: set) -> DiscoveredCategory:
+    lead = members[0]
+    domain, confidence = domain_of(" ".join(t.examples[0] if t.examples else t.text for t in members[:3]))
+    # Named after what went wrong: the words around the first failure word, else the first words.
+    phrase = failure_phrase(lead.text) or lead.text
+    name = slug(phrase)
+    path = f"{domain}/discovered/{name}"
+    n = 2
+    while path in used:
+        path = f"{domain}/discovered/{name}-{n}"
+        n += 1
+    used.add(path)
+    nodes = sorted({node for t in members for node in t.nodes})
+    examples: list[str] = []
+    for t in members:
+        for ex in t.examples:
+            if ex not in examples and len(examples) < MAX_EXAMPLES:
+                examples.append(ex)
+    return DiscoveredCategory(
+        path=path, name=" ".join(words(phrase)[:8]) or lead.text[:60], domain=domain,
+        domain_confidence=round(float(confidence), 4), templates=tuple(t.text for t in members),
+        template_ids=tuple(t.template_id for t in members), lines=sum(t.lines for t in members),
+        nodes=tuple(nodes[:MAX_NODES]), examples=tuple(examples), joined_by=joined_by)
 
 
 def write_taxonomy(categories: Iterable[DiscoveredCategory], path: str) -> None:

@@ -91,7 +91,6 @@ class KeyInfo:
     candidate: bool  # whether lines of this key are kept as drafts (may be failures)
     count: int = 0
     nodes: set = field(default_factory=set)
-    file: str = ""  # the file of the first line
 
 
 @dataclass
@@ -106,10 +105,9 @@ class PartialScan:
     last_timestamp: float | None
     keys: dict  # masked key -> KeyInfo, in order of first sight
     drafts: list  # (file, line within partition, ts, node, job, key, message[:500]) of candidate keys
-    top_level: int | None = None  # the worst severity any line of the partition names
 
 
-def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int, file: str = "") -> KeyInfo:
+def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int) -> KeyInfo:
     """Everything the text of one line says (run once per masked key)."""
     severity, content = split_header(message)
     tokens = template_tokens(content)
@@ -121,7 +119,7 @@ def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int,
         rule = taxonomy.match_template(masked)
     candidate = rule != NORMAL and (rule is not None or evidence.any)
     return KeyInfo(key=masked, message=message, first_line=first_line, severity=severity, tokens=tokens, rule=rule,
-                   evidence=evidence, candidate=candidate, file=file)
+                   evidence=evidence, candidate=candidate)
 
 
 _EMPTY = ("empty",)  # shape markers, compared by identity in the hot loop
@@ -241,8 +239,7 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
             masked = mask(message)
             hit = keys.get(masked)
             if hit is None:
-                hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno,
-                                                      file=file)
+                hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
             if len(by_message_shape) >= _MESSAGE_SHAPE_CACHE_MAX:
                 by_message_shape.clear()
             by_message_shape[shaped] = hit
@@ -320,6 +317,5 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
                     hi = ts
     return PartialScan(partition=partition, counters=counters, lines=lines, nodes=nodes,
                        first_timestamp=lo if lo != float("inf") else None,
-                       last_timestamp=hi if hi != float("-inf") else None, keys=keys, drafts=drafts,
-                       top_level=max((k.severity for k in keys.values() if k.severity is not None), default=None))
+                       last_timestamp=hi if hi != float("-inf") else None, keys=keys, drafts=drafts)
 

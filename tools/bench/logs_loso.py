@@ -78,7 +78,7 @@ def training_rows(path: str, failures: set[int], *, taxonomy, options) -> list[t
     for _file, line, _ts, _node, _job, key, _msg in merged.drafts:
         info = merged.keys[key]
         if info.rule is None:
-            rows.append((feature_vector(merged.evidence(info), stats[template_of[key]]), int(line in failures)))
+            rows.append((feature_vector(info.evidence, stats[template_of[key]]), int(line in failures)))
     return rows
 
 
