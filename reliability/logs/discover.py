@@ -38,9 +38,10 @@ Example::
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from reliability.logs.detect import failure_phrase
 
@@ -139,45 +140,74 @@ def _jaccard(a: frozenset, b: frozenset) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def _times_by_node(occurrences: Sequence[tuple[float, str]]) -> dict[str, list[float]]:
-    by_node: dict[str, list[float]] = {}
-    for ts, node in occurrences:
-        by_node.setdefault(node, []).append(ts)
-    for times in by_node.values():
-        times.sort()
-    return by_node
+class _Timelines:
+    """Timed lines of many templates, each as one sorted array of ``node index * stride + seconds``.
+
+    The stride exceeds the run's span plus two windows, so "a line of the other
+    template on the same node within the window" is one ``searchsorted`` per
+    pair of templates, whatever the number of nodes.
+    """
+
+    def __init__(self, occurrences: dict[int, Sequence[tuple[float, str]]], *, window_s: float):
+        stamps = [ts for lines in occurrences.values() for ts, _ in lines]
+        self.t0 = min(stamps, default=0.0)
+        self.span_s = max(stamps, default=0.0) - self.t0
+        self.window_s = window_s
+        stride = self.span_s + 4 * window_s + 1.0
+        node_ids: dict[str, int] = {}
+        self.keys: dict[int, np.ndarray] = {}
+        self.nodes: dict[int, np.ndarray] = {}
+        self.per_node: dict[int, np.ndarray] = {}
+        for tid, lines in occurrences.items():
+            ids = np.array([node_ids.setdefault(node, len(node_ids)) for _, node in lines], dtype=np.int64)
+            keys = ids * stride + (np.array([ts for ts, _ in lines], dtype=float) - self.t0)
+            self.keys[tid] = np.sort(keys)
+            self.nodes[tid] = ids
+        for tid, ids in self.nodes.items():
+            self.per_node[tid] = np.bincount(ids, minlength=len(node_ids))
+
+    def near(self, a: int, b: int) -> float:
+        """Share of ``a``'s lines with a line of ``b`` on the same node within the window."""
+        mine, theirs = self.keys[a], self.keys[b]
+        if not len(mine) or not len(theirs):
+            return 0.0
+        w = self.window_s
+        i = np.searchsorted(theirs, mine - w, side="left")
+        inside = i < len(theirs)
+        hits = np.zeros(len(mine), dtype=bool)
+        hits[inside] = theirs[i[inside]] <= mine[inside] + w
+        return float(hits.mean())
+
+    def by_chance(self, a: int, b: int) -> float:
+        """The share :meth:`near` would give if ``b``'s lines on each node were spread evenly over the span."""
+        mine = self.nodes[a]
+        if not len(mine):
+            return 0.0
+        if self.span_s <= 0:
+            return 1.0  # no time to spread over: anything is near anything
+        counts = self.per_node[b]
+        return float(np.minimum(1.0, 2 * self.window_s * counts[mine] / self.span_s).mean())
 
 
-def co_occurrence(lines: Sequence[tuple[float, str]], other: dict[str, list[float]], *, window_s: float) -> float:
-    """Share of ``lines`` ((timestamp, node)) with a line of ``other`` (node -> sorted times) on the same
-    node within ``window_s`` seconds.
+def co_occurrence(lines: Sequence[tuple[float, str]], other: Sequence[tuple[float, str]], *,
+                  window_s: float) -> float:
+    """Share of ``lines`` ((timestamp, node)) with a line of ``other`` on the same node within ``window_s``.
 
-    >>> co_occurrence([(10.0, "n1"), (500.0, "n1"), (10.0, "n2")], {"n1": [12.0]}, window_s=60)
+    >>> co_occurrence([(10.0, "n1"), (500.0, "n1"), (10.0, "n2")], [(12.0, "n1")], window_s=60)
     0.3333333333333333
     """
-    if not lines:
-        return 0.0
-    hits = 0
-    for ts, node in lines:
-        times = other.get(node)
-        if times:
-            i = bisect_left(times, ts - window_s)
-            hits += i < len(times) and times[i] <= ts + window_s
-    return hits / len(lines)
+    return _Timelines({0: lines, 1: other}, window_s=window_s).near(0, 1)
 
 
-def chance_co_occurrence(lines: Sequence[tuple[float, str]], other: dict[str, list[float]], *, window_s: float,
-                         span_s: float) -> float:
-    """The share :func:`co_occurrence` would give if ``other``'s lines were spread evenly over ``span_s``.
+def chance_co_occurrence(lines: Sequence[tuple[float, str]], other: Sequence[tuple[float, str]], *,
+                         window_s: float) -> float:
+    """The share :func:`co_occurrence` would give if ``other``'s lines on each node were spread evenly over
+    the span of both.
 
-    >>> chance_co_occurrence([(10.0, "n1"), (20.0, "n2")], {"n1": [1.0, 2.0, 3.0]}, window_s=60, span_s=3600)
+    >>> chance_co_occurrence([(0.0, "n1"), (3600.0, "n2")], [(1.0, "n1"), (2.0, "n1"), (3.0, "n1")], window_s=60)
     0.05
     """
-    if not lines:
-        return 0.0
-    if span_s <= 0:
-        return 1.0  # no time to spread over: anything is near anything
-    return sum(min(1.0, 2 * window_s * len(other.get(node, ())) / span_s) for _, node in lines) / len(lines)
+    return _Timelines({0: lines, 1: other}, window_s=window_s).by_chance(0, 1)
 
 
 class _Affinity:
@@ -186,33 +216,31 @@ class _Affinity:
     def __init__(self, templates: Sequence[FlaggedTemplate], grouping: Grouping):
         self.grouping = grouping
         self.bags = {t.template_id: frozenset(words(t.text)) for t in templates}
-        self.timed = {t.template_id: (t.occurrences, _times_by_node(t.occurrences)) for t in templates
-                      if len(t.occurrences) >= grouping.min_occurrences}
-        stamps = [ts for t in templates for ts, _ in t.occurrences]
-        self.span_s = max(stamps) - min(stamps) if stamps else 0.0
+        self.timelines = _Timelines({t.template_id: t.occurrences for t in templates
+                                     if len(t.occurrences) >= grouping.min_occurrences},
+                                    window_s=grouping.window_s)
 
-    def _together(self, a: int, b: int) -> tuple[float, float] | None:
-        if a not in self.timed or b not in self.timed:
-            return None
-        (lines_a, times_a), (lines_b, times_b) = self.timed[a], self.timed[b]
-        w = self.grouping.window_s
-        return co_occurrence(lines_a, times_b, window_s=w), co_occurrence(lines_b, times_a, window_s=w)
+    def _timed(self, a: int, b: int) -> bool:
+        return a in self.timelines.keys and b in self.timelines.keys
 
-    def _beyond_chance(self, a: int, b: int, together: tuple[float, float]) -> bool:
-        (lines_a, times_a), (lines_b, times_b) = self.timed[a], self.timed[b]
-        w, limit = self.grouping.window_s, self.grouping.chance
-        return (chance_co_occurrence(lines_a, times_b, window_s=w, span_s=self.span_s) <= limit * together[0]
-                and chance_co_occurrence(lines_b, times_a, window_s=w, span_s=self.span_s) <= limit * together[1])
+    def _fire_together(self, a: int, b: int) -> bool:
+        # Most lines of each near a line of the other, and far more often than chance would give.
+        g, lines = self.grouping, self.timelines
+        for x, y in ((a, b), (b, a)):
+            share = lines.near(x, y)
+            if share < g.together or lines.by_chance(x, y) > g.chance * share:
+                return False
+        return True
 
     def link(self, lead: int, other: int) -> str | None:
         g = self.grouping
         alike = _jaccard(self.bags[lead], self.bags[other])
         if alike >= g.same_words:
             return "words"
-        together = self._together(lead, other)
-        if alike >= g.similar_words and (together is None or max(together) > 0.0):
+        timed = self._timed(lead, other)
+        if alike >= g.similar_words and (not timed or self.timelines.near(lead, other) > 0.0):  # met once
             return "words"
-        if together is not None and min(together) >= g.together and self._beyond_chance(lead, other, together):
+        if timed and self._fire_together(lead, other):
             return "time"
         return None
 

@@ -55,7 +55,7 @@ def test_templates_that_fire_all_the_time_are_near_each_other_by_chance_only():
                             tuple((20.0 * i, "h") for i in range(400)))
     steady = FlaggedTemplate(2, "ciod: bad message header from compute chip <*>", 266, ("h",), ("b",),
                              tuple((5.0 + 30.0 * i, "h") for i in range(266)))
-    assert co_occurrence(often.occurrences, {"h": [t for t, _ in steady.occurrences]}, window_s=60) == 1.0
+    assert co_occurrence(often.occurrences, steady.occurrences, window_s=60) == 1.0
     assert _groups([often, steady])[0] == [[1], [2]]
     # The same two, each a burst of lines once an hour: together well beyond chance.
     bursts_a = tuple((3600.0 * i + 20.0 * j, "h") for i in range(10) for j in range(3))
@@ -66,9 +66,9 @@ def test_templates_that_fire_all_the_time_are_near_each_other_by_chance_only():
 
 
 def test_chance_co_occurrence_spreads_the_other_lines_over_the_span():
-    assert chance_co_occurrence([(0.0, "a"), (1.0, "b")], {"a": [5.0] * 30}, window_s=60, span_s=1800) == 0.5
-    assert chance_co_occurrence([(0.0, "a")], {"a": [5.0]}, window_s=60, span_s=0.0) == 1.0
-    assert chance_co_occurrence([], {"a": [5.0]}, window_s=60, span_s=10.0) == 0.0
+    assert chance_co_occurrence([(0.0, "a"), (1800.0, "b")], [(5.0, "a")] * 30, window_s=60) == 0.5
+    assert chance_co_occurrence([(5.0, "a")], [(5.0, "a")], window_s=60) == 1.0  # no span: all is near
+    assert chance_co_occurrence([], [(5.0, "a")], window_s=60) == 0.0
 
 
 def test_alike_words_that_never_meet_are_two_kinds_of_failure():
@@ -98,8 +98,10 @@ def test_grouping_does_not_depend_on_input_order():
 
 
 def test_co_occurrence_counts_lines_with_a_partner_nearby():
-    assert co_occurrence([], {"n1": [1.0]}, window_s=60) == 0.0
-    assert co_occurrence([(100.0, "n1"), (100.0, "n2")], {"n1": [40.0, 161.0], "n2": [161.0]}, window_s=60) == 0.5
+    assert co_occurrence([], [(1.0, "n1")], window_s=60) == 0.0
+    other = [(40.0, "n1"), (161.0, "n1"), (161.0, "n2"), (100.0, "n3")]
+    assert co_occurrence([(100.0, "n1"), (100.0, "n2")], other, window_s=60) == 0.5
+    assert co_occurrence([(100.0, "n1"), (100.0, "n2")], other, window_s=61) == 1.0  # the window's edge counts
 
 
 def test_analysis_groups_mined_templates_that_fire_together(tmp_path):
