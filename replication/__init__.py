@@ -1,7 +1,23 @@
-"""Replica placement for checkpoint fragments (planned; nothing is implemented here yet).
+"""Replica placement for checkpoint fragments: where copies live, chosen by a policy.
 
-DESIGN.md describes it: copies of fragments placed in peer host memory, other
-nodes' disks or the remote store, chosen by a policy fed by failure forecasts
-from :mod:`reliability`, with a reinforcement-learning policy measured against
-honest baselines. No issue for it is open yet.
+Copies of each node's checkpoint shard go to peers' host memory or local disks
+(the remote store holds the occasional persisted checkpoint). A policy behind
+one protocol (:mod:`replication.placement`) chooses where, from a view of the
+cluster that includes per-node failure forecasts (:mod:`replication.forecast`).
+Policies: static random, HDFS rack-aware, Gemini groups, a forecast-aware
+greedy (:mod:`replication.policies`) and a MaskablePPO placer
+(:mod:`replication.rl_policy`). :mod:`replication.simulator` replays failure
+scenarios (:mod:`replication.failures`, :mod:`replication.replay`) under a
+recovery-time model (:mod:`replication.recovery`); ``ucp place eval`` compares
+them (docs/REPLICATION.md).
+
+Example::
+
+    >>> from replication.cluster import ClusterSpec
+    >>> from replication.placement import ClusterView, PlacementRequest
+    >>> from replication.policies import GroupPlacement
+    >>> spec = ClusterSpec()
+    >>> placement = GroupPlacement().place(PlacementRequest.one_per_node(spec), ClusterView.uniform(spec))
+    >>> len(placement.sites["shard-0"])
+    2
 """

@@ -81,3 +81,44 @@ def test_rank_out_of_range():
 def test_from_dict_rejects_unknown():
     with pytest.raises(LayoutError, match="unknown layout dimension"):
         Layout.from_dict({"tp": 2, "sp": 2})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("dp=1000000000", "layout dp=1000000000 is larger than the 1048576 this library supports"),
+        ("tp=1024,dp=1024,pp=2",
+         "layout tp=1024,pp=2,dp=1024 has 2097152 ranks (tp*cp*dp*pp), more than the 1048576 this library supports"),
+        ("pp=4,vpp=2000", "layout vpp=2000 is larger than the 1024 this library supports"),
+        ("dp=" + "9" * 5000, f"bad layout value {'9' * 30 + '...' + '9' * 30!r} for dp in "
+                             f"{'dp=' + '9' * 27 + '...' + '9' * 30!r}: expected an integer"),  # echoes cut short
+    ],
+)
+def test_sizes_are_bounded_so_walking_the_ranks_is(text, message):
+    # everything that walks a layout's ranks (the UCL checker compiles each one) costs at most 2**20 of them
+    with pytest.raises(LayoutError) as info:
+        Layout.parse(text)
+    assert str(info.value) == message
+
+
+def test_the_largest_layouts_are_accepted():
+    assert Layout.parse("dp=1048576").world_size == 2**20
+    assert Layout.parse("tp=8,pp=16,dp=8192,vpp=1024").world_size == 2**20
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"tp": 1e400}, "layout tp must be an integer, got inf"),
+        ({"dp": "2"}, "layout dp must be an integer, got '2'"),
+        ({"pp": True}, "layout pp must be an integer, got True"),
+        ({"tp": None}, "layout tp must be an integer, got None"),
+        ([2, 2], "a layout must be an object of dimension sizes, got list"),
+        ({"dp": 2**40}, "layout dp=1099511627776 is larger than the 1048576 this library supports"),
+    ],
+)
+def test_from_dict_refuses_what_is_not_a_layout(data, message):
+    # a manifest's layout is JSON anyone can edit: every value is checked, never coerced
+    with pytest.raises(LayoutError) as info:
+        Layout.from_dict(data)
+    assert str(info.value) == message

@@ -35,3 +35,15 @@ def test_distributed_example_names_a_real_preset_and_layouts():
     assert bound.params["num_layers"] == 32
     for text in re.findall(r'layout="([^"]+)"', block):
         assert Layout.parse(text).world_size in (64, 32)
+
+
+def test_tensor_reads_and_finalize_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(4, 3)
+    scope = {"model": model, "opt": torch.optim.Adam(model.parameters()), "step": 7, "torch": torch}
+    exec(_python_blocks()[0], scope)  # noqa: S102 - makes ckpt/step_100
+    exec(_python_blocks()[2], scope)  # noqa: S102
+    assert torch.equal(scope["row"], model.weight.detach()[:1])
+    import ucp
+
+    assert sorted(k for k in ucp.load(tmp_path / "ckpt" / "parts") if k.startswith("rank")) == ["rank0", "rank1"]

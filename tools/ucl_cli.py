@@ -1,11 +1,19 @@
 """``ucp ucl``: check a UCL program against a layout, compile it, list presets.
 
-    ucp ucl check PROGRAM --layout tp=2,pp=2,dp=2 (--shapes FILE.json | --against CKPT) [--param k=v] [--json]
-    ucp ucl compile PROGRAM --layout tp=2 --rank 1 (--shapes FILE.json | --against CKPT) [--param k=v]
+    ucp ucl check PROGRAM --layout tp=2,pp=2,dp=2 [--param k=v] [--json]
+        [--shapes FILE.json | --against CKPT | --model MODULE:FACTORY | --hf-config config.json]
+    ucp ucl check --against CKPT --layout tp=4,dp=3      # the program the checkpoint was saved with
+    ucp ucl compile PROGRAM --layout tp=2 --rank 1 [--shapes FILE.json | --against CKPT] [--param k=v]
     ucp ucl presets
 
-PROGRAM is a .ucl file or a preset name. A shapes file is JSON
-``{"name": {"shape": [..], "dtype": "float32"}}`` (or ``{"name": [..]}``).
+PROGRAM is a .ucl file or a preset name. Without a source of shapes, the program's own
+declarations (``shape [...]`` clauses and the parameters) give the logical tensors. A shapes
+file is JSON ``{"name": {"shape": [..], "dtype": "float32"}}`` (or ``{"name": [..]}``).
+``--model`` builds a model on the meta device (no memory) from a factory in a module or a
+``.py`` file; ``--hf-config`` builds a Hugging Face causal LM from its config (local files
+only, no remote code) and fills the program's parameters named like config fields. Both
+check every key of the model's state dict (``--key-prefix model/`` when it is saved as
+``{"model": model.state_dict()}``) and the model's own tensor-parallel shards.
 Exit codes: 0 the program covers the layout, 1 findings, 2 usage, parse or input errors.
 """
 
@@ -13,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-
-from ucp.spec import LogicalTensor
 
 
 def register(subparsers) -> None:
@@ -24,21 +29,29 @@ def register(subparsers) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="ucl_command", metavar="ACTION")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("program", help="a .ucl file or a preset name (see `ucp ucl presets`)")
+    def common(p: argparse.ArgumentParser, *, models: bool) -> None:
+        p.add_argument("program", nargs="?", default=None,
+                       help="a .ucl file or a preset name (see `ucp ucl presets`); with --against, default: the "
+                            "program the checkpoint was saved with")
         p.add_argument("--layout", required=True, help="target layout, e.g. tp=2,pp=2,dp=2")
-        src = p.add_mutually_exclusive_group(required=True)
+        src = p.add_mutually_exclusive_group()
         src.add_argument("--shapes", metavar="FILE.json", help="logical tensor shapes as JSON")
         src.add_argument("--against", metavar="CHECKPOINT", help="take logical shapes from a checkpoint's manifest")
+        if models:
+            src.add_argument("--model", metavar="MODULE:FACTORY",
+                             help="check against a model built on the meta device (pkg.module:build or file.py:build)")
+            src.add_argument("--hf-config", metavar="CONFIG", help="check against a Hugging Face model of this config")
+            p.add_argument("--key-prefix", default="", metavar="PREFIX",
+                           help="where the model's state dict sits in the saved state, e.g. model/")
         p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="program parameter (repeatable; lists as a|b)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
     check = sub.add_parser("check", help="check that a program covers every logical tensor exactly once")
-    common(check)
+    common(check, models=True)
     check.set_defaults(func=run)
     comp = sub.add_parser("compile", help="print one rank's fragment map as JSON")
-    common(comp)
+    common(comp, models=False)
     comp.add_argument("--rank", type=int, default=0, help="the rank to compile for (default 0)")
     comp.set_defaults(func=run)
     presets = sub.add_parser("presets", help="list the shipped presets")
@@ -47,53 +60,9 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
-def read_shapes(path: str) -> dict[str, LogicalTensor]:
-    """Logical tensors from a shapes JSON file."""
-    from ucl.errors import UclError
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise UclError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise UclError(f"{path}: expected an object of name -> shape")
-    out = {}
-    for name, value in data.items():
-        if isinstance(value, dict):
-            shape, dtype = value.get("shape"), value.get("dtype", "float32")
-        else:
-            shape, dtype = value, "float32"
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise UclError(f"{path}: tensor {name!r}: expected a shape like [4, 8], got {shape!r}")
-        out[name] = LogicalTensor(name, tuple(shape), str(dtype))
-    return out
-
-
-def read_against(path: str) -> dict[str, LogicalTensor]:
-    """Logical tensors of a checkpoint, through the engine's reader (or the manifest JSON)."""
-    try:
-        from ucp.reader import CheckpointReader
-    except ImportError:  # engine not installed: the manifest is plain JSON
-        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as fh:
-            tensors = json.load(fh)["tensors"]
-        return {n: LogicalTensor(n, tuple(t["shape"]), t["dtype"]) for n, t in tensors.items()}
-    return CheckpointReader(os.fspath(path), verify=False).logical()
-
-
-def _params(items: list[str]) -> dict:
-    from ucl.bind import _parse_params
-
-    return _parse_params(",".join(items))
-
-
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from ucl import load_program, preset_names, spec_for_load
-    from ucl.check import check_program
-    from ucl.errors import UclError, UclSyntaxError
+    from ucl.bind import parse_params
     from ucp.errors import UcpError
     from ucp.layout import Layout
 
@@ -102,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(names) if args.json else "\n".join(names))
         return 0
     try:
-        program = load_program(args.program, **_params(args.param))
+        program = _program(args, load_program, parse_params(",".join(args.param)))
         layout = Layout.parse(args.layout)
-        logical = read_shapes(args.shapes) if args.shapes else read_against(args.against)
-    except (UclSyntaxError, UclError, UcpError, OSError) as err:
+        model = _model(args)
+        logical = None if model is not None else _logical(args, program, layout)
+    except (UcpError, OSError) as err:
         print(f"ucp ucl {args.ucl_command}: error: {err}", file=sys.stderr)
         return 2
     if args.ucl_command == "compile":
@@ -114,10 +84,54 @@ def run(args: argparse.Namespace) -> int:
         except UcpError as err:
             print(f"ucp ucl compile: error: {err}", file=sys.stderr)
             return 2
-        print(json.dumps(fmap_to_dict(fmap), indent=1))
+        print(json.dumps(fmap.to_dict(), indent=1))
         return 0
-    report = _check_with_progress(check_program, program, layout, logical, quiet=args.json)
-    if args.json:
+    try:
+        report = _check_with_progress(program, layout, logical, model, args)
+    except UcpError as err:  # e.g. a parameter with no value, met while checking
+        print(f"ucp ucl check: error: {err}", file=sys.stderr)
+        return 2
+    return _print_report(report, as_json=args.json)
+
+
+def _program(args: argparse.Namespace, load_program, params: dict):
+    """The program named, or with --against the checkpoint's own; checked against (and completed by) its record."""
+    from ucl.errors import UclError
+    from ucl.sources import program_against
+
+    if args.against:
+        return program_against(args.program, args.against, params)
+    if args.program is None:
+        raise UclError("name the program to check (a .ucl file or a preset), or give --against CHECKPOINT")
+    return load_program(args.program, **params)
+
+
+def _model(args: argparse.Namespace):
+    from ucl.model_check import hf_config, model_from_factory
+
+    if getattr(args, "model", None):
+        return model_from_factory(args.model)
+    if getattr(args, "hf_config", None):
+        return hf_config(args.hf_config)
+    return None
+
+
+def _logical(args: argparse.Namespace, program, layout):
+    from ucl.declared import declared_logical
+    from ucl.sources import read_against, read_shapes
+
+    if args.shapes:
+        return read_shapes(args.shapes)
+    if args.against:
+        return read_against(args.against)
+    return declared_logical(program, layout)
+
+
+def _print_report(report, *, as_json: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0 if report.ok else 1
     console = Console()
@@ -139,30 +153,14 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-def fmap_to_dict(fmap) -> dict:
-    """A FragmentMap (and its local shapes) as plain JSON data."""
-    from ucp.geometry import region_to_dict
+def _check_with_progress(program, layout, logical, model, args):
+    """Run the checker, with a rich progress bar over the ranks (on stderr, never with --json)."""
+    from ucl.check import check_program
+    from ucl.model_check import check_model
 
-    local = getattr(fmap, "local", {})
-    return {
-        "rank": fmap.rank,
-        "logical": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in fmap.logical.items()},
-        "tensors": {
-            key: {
-                "shape": list(local[key].shape) if key in local else None,
-                "dtype": local[key].dtype if key in local else None,
-                "replica": spec.replica, "replicas": spec.replicas, "policy": spec.policy,
-                "pieces": [{"logical": p.logical, "local": region_to_dict(p.local), "target": region_to_dict(p.target)}
-                           for p in spec.pieces],
-            }
-            for key, spec in fmap.tensors.items()
-        },
-    }
-
-
-def _check_with_progress(check_program, program, layout, logical, *, quiet: bool):
-    """Run the checker with a rich progress bar over the ranks (on stderr, never with --json)."""
-    if quiet or layout.world_size < 64:
+    if model is not None:
+        return check_model(program, layout, model, prefix=args.key_prefix)
+    if args.json or layout.world_size < 64:
         return check_program(program, layout, logical)
     from rich.progress import Progress
 

@@ -13,15 +13,18 @@ See docs/UCL.md for the language reference.
 from ucl.bind import (  # noqa: F401
     BoundProgram,
     LocalTensor,
+    format_params,
     load_program,
     local_shapes,
+    parse_params,
     preset_names,
     spec_for_load,
     spec_for_save,
 )
 from ucl.check import CheckReport, Finding, check_program  # noqa: F401
 from ucl.compiler import BoundFragmentMap  # noqa: F401
-from ucl.errors import UclError, UclSyntaxError  # noqa: F401
+from ucl.declared import declared_logical  # noqa: F401
+from ucl.errors import DeclaredShapeError, ProgramMismatchError, UclError, UclSyntaxError  # noqa: F401
 from ucl.parser import parse  # noqa: F401
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ucl.bind import load_program
 from ucl.compiler import compile_load, compile_save, switched_off
 from ucl.env import Context, unmet_requirements
-from ucl.errors import UclError
+from ucl.errors import DeclaredShapeError, UclError
 from ucl.program import FlatRule, TensorRule
 from ucp.geometry import coverage_gaps
 from ucp.layout import Layout
@@ -35,9 +35,11 @@ from ucp.spec import LogicalTensor
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: ``kind`` is layout | coverage | overlap | replicas | shape | unused-rule | compile.
+    """One problem: ``kind`` is layout | coverage | overlap | replicas | shape | unused-rule | compile | model.
 
     ``layout``: a ``require`` statement of the program rejects the layout (nothing else is checked then).
+    ``shape``: a logical shape contradicts what the program declares or implies.
+    ``model``: a real model's state dict disagrees with the program (:mod:`ucl.model_check`).
     """
 
     kind: str
@@ -101,6 +103,9 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
             progress(rank, lay.world_size)
         try:
             fmap = compile_load(prog, lay, rank, logical, params=bound.params)
+        except DeclaredShapeError as err:
+            findings.append(Finding("shape", f"rank {rank}: {err}", rank=rank))
+            continue
         except UclError as err:
             findings.append(Finding("compile", f"rank {rank}: {err}", rank=rank))
             continue
@@ -148,10 +153,11 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
                 "replicas", f"rank {rank} {key!r}: {len(holders)} rank(s) hold these pieces but the specs "
                 f"declare replicas {sorted(declared)} with indices {indices[:8]}", rank=rank))
     warnings = []
+    contexts: list = []
     for rule in prog.rules:
         if not isinstance(rule, (TensorRule, FlatRule)) or rule.line in used or getattr(rule, "derived", False):
             continue
-        contexts = [Context.make(prog, lay, r, bound.params) for r in range(lay.world_size)]
+        contexts = contexts or [Context.make(prog, lay, r, bound.params) for r in range(lay.world_size)]
         if all(switched_off(rule, ctx) for ctx in contexts):
             continue  # its 'where' turns it off for this layout (e.g. expert rules of a dense model)
         warnings.append(Finding("unused-rule", f"{prog.where(rule.line)}: rule {rule.local.text!r} matched "

@@ -16,35 +16,26 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ucl.env import Context, group_size_rank, unmet_requirements
-from ucl.errors import UclError
+from ucl.errors import DeclaredShapeError, UclError
 from ucl.flat import compose, flat_layout
-from ucl.geometry_rules import local_geometry, logical_shapes
+from ucl.geometry_rules import check_declared, declared_shapes, local_geometry, logical_shapes
 from ucl.matching import bounds_of, enumerate_captures, member_order, switched_off, where_ok
+from ucl.pattern import MAX_DIGITS
 from ucl.program import FlatRule, Program, TensorRule
 from ucl.replicas import flat_replication, replication
 from ucp.layout import Layout
-from ucp.spec import FragmentMap, LogicalTensor, TensorSpec
+from ucp.spec import FragmentMap, LocalTensor, LogicalTensor, TensorSpec
 
 Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class LocalTensor:
-    """A tensor a rank holds under the target layout: what the engine allocates before loading."""
-
-    key: str
-    shape: Shape
-    dtype: str
-
-
-@dataclass(frozen=True)
 class BoundFragmentMap(FragmentMap):
-    """A FragmentMap that also lists every local tensor's shape and dtype (padding included)."""
+    """A FragmentMap compiled from a program: ``local`` lists every local tensor, and it knows its rules."""
 
-    local: dict = field(default_factory=dict)  # key -> LocalTensor
     rules_used: frozenset = frozenset()  # lines of the rules that produced tensors
 
 
@@ -67,8 +58,8 @@ def _flat_spec(rule: FlatRule, ctx: Context, captures: dict, key: str, members: 
                dtype_of, shapes_by_name: dict):
     env = ctx.env(captures)
     parts, index = group_size_rank(ctx.layout, ctx.coords, rule.partition_groups)
-    pad = int(rule.pad_multiple.eval(env, ctx.functions())) if rule.pad_multiple is not None else 1
-    align = int(rule.align.eval(env, ctx.functions())) if rule.align is not None else 1
+    pad = rule.pad_multiple.eval_int(env, ctx.functions()) if rule.pad_multiple is not None else 1
+    align = rule.align.eval_int(env, ctx.functions()) if rule.align is not None else 1
     order = member_order(rule, members, ctx.params)
     numel, runs = flat_layout([math.prod(members[k].local_shape) for k in order], parts=parts, index=index,
                               each=rule.each, pad_multiple=pad, align=align)
@@ -154,7 +145,7 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
                 blocked.append(rule.line)
                 continue
             names = [t.format(env, ctx.functions()) for t in rule.targets]
-            shapes_ = logical_shapes(rule, ctx, env, names, shape)
+            shapes_ = _save_shapes(rule, ctx, env, key, names, shape)
             again, pieces = local_geometry(rule, ctx, env, names, shapes_)
             if again != shape:
                 raise UclError(
@@ -198,6 +189,37 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
     return _finish(ctx, instances, logical, flats, used, saving=True)
 
 
+def _save_shapes(rule: TensorRule, ctx: Context, env, key: str, names: list[str], shape: Shape) -> list[Shape]:
+    """The logical shapes a local tensor stands for: declared (``shape [...]``) where the rule says, else inferred.
+
+    A local tensor that does not fit the declared shapes (a row-parallel weight under ``split dim 0``)
+    is refused here, before anything is saved.
+    """
+    declared = declared_shapes(rule, ctx, env)
+    try:
+        implied: list | None = logical_shapes(rule, ctx, env, names, shape)
+    except UclError:
+        if any(d is None for d in declared):
+            raise
+        implied = None  # a padded dimension without 'size dim': the declared shape says it
+    shapes_ = [d if d is not None else i for d, i in zip(declared, implied or declared)]
+    if all(d is None for d in declared):
+        return shapes_
+    again, _ = local_geometry(rule, ctx, env, names, shapes_)
+    if again != shape:
+        wrong = [(n, i, d, e) for n, i, d, e in zip(names, implied or [None] * len(names), declared,
+                                                    rule.declared_shapes) if d is not None]
+        name, implied_shape, want, exprs = next(((n, i, d, e) for n, i, d, e in wrong if i != d), wrong[0])
+        saying = f"makes logical {name!r} {implied_shape} under the rule's clauses, but " if implied_shape else ""
+        raise DeclaredShapeError(
+            f"{ctx.program.where(rule.line)}: local tensor {key!r} of shape {shape} on rank {ctx.rank} of "
+            f"{ctx.layout} {saying}the program declares {name!r} [{', '.join(x.text for x in exprs)}] = {want}, of "
+            f"which this rank would hold {again}; check the rule's split, pad and fuse clauses (a row-parallel "
+            "weight splits dim 1) or the parameters"
+        )
+    return shapes_
+
+
 def _add_logical(logical: dict, lt: LogicalTensor, key: str, program: Program, rule) -> None:
     old = logical.get(lt.name)
     if old is not None and old.shape != lt.shape:
@@ -215,7 +237,8 @@ def _int_candidates(logical: dict) -> int:
     best = 0
     for name in logical:
         for digits in re.findall(r"\d+", name):
-            best = max(best, int(digits))
+            if len(digits) <= MAX_DIGITS:  # longer runs cannot be a capture's value (Pattern.match)
+                best = max(best, int(digits))
     return best + 1
 
 
@@ -230,18 +253,17 @@ def _load_instances(ctx: Context, rules: list, logical: dict, claimed: set) -> l
         for text_values in text_options:
             for values, omit in enumerate_captures(rule, ctx, caps, bounds, dict(text_values), fallback):
                 env = ctx.env(values)
-                try:
-                    if not where_ok(rule, ctx, env):
-                        continue
-                    names = [t.format(env, ctx.functions()) for t in rule.targets]
-                except UclError:
+                # errors propagate: a parameter without a value must not silently load fewer tensors
+                if not where_ok(rule, ctx, env):
                     continue
+                names = [t.format(env, ctx.functions()) for t in rule.targets]
                 if not names or any(n not in logical for n in names):
                     continue
                 key = rule.local.format(values, {}, omit=omit)
                 if key in claimed:
                     continue
                 shapes_ = [tuple(logical[n].shape) for n in names]
+                check_declared(rule, ctx, env, names, shapes_)
                 shape, pieces = local_geometry(rule, ctx, env, names, shapes_)
                 claimed.add(key)
                 out.append(_Instance(rule, values, key, shape, logical[names[0]].dtype, pieces, names, shapes_))

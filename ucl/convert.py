@@ -53,7 +53,7 @@ def _split_state(name: str) -> tuple[str, str]:
 
 def _heads(view: View, bound: BoundProgram) -> int:
     ctx = Context.make(bound.program, Layout(), 0, bound.params)
-    return int(view.rope_heads.eval(ctx.env(), ctx.functions()))
+    return view.rope_heads.eval_int(ctx.env(), ctx.functions())
 
 
 def to_canonical(name: str, tensor: torch.Tensor, bound: BoundProgram) -> tuple[str, torch.Tensor]:

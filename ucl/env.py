@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
-from ucl.errors import UclError
-from ucl.expr import Expr
+from ucl.errors import UclError, UnboundNameError
+from ucl.expr import MAX_INT, Expr
 from ucl.program import Program
 from ucp.geometry import split_evenly
 from ucp.layout import Layout, RankCoords
@@ -41,6 +43,31 @@ def group_size_rank(layout: Layout, coords: RankCoords, groups: tuple[str, ...])
         size, rank = env[f"{g}.size"], env[f"{g}.rank"]
         parts, index = parts * size, index * size + rank
     return parts, index
+
+
+def param_value(program: str, name: str, value):
+    """A parameter value as the language holds it: a bounded int, a word, or a tuple of those.
+
+    >>> param_value("m.ucl", "states", ["exp_avg", 2])
+    ('exp_avg', 2)
+    """
+    if isinstance(value, (list, tuple)):
+        return tuple(_scalar(program, name, v) for v in value)
+    return _scalar(program, name, value)
+
+
+def _scalar(program: str, name: str, value):
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise UclError(f"{program}: parameter {name} = {str(value)[:20]}... is outside UCL's integer range "
+                           "(|value| <= 2**63 - 1)")
+        return value
+    if isinstance(value, str):
+        return value
+    raise UclError(f"{program}: parameter {name} is {type(value).__name__} {str(value)[:40]!r}; expected an "
+                   "integer, a word or a list of those")
 
 
 class Env(Mapping):
@@ -97,14 +124,14 @@ class Context:
         env = layout_vars(layout, coords)
         for name, default in program.params.items():
             if name in overrides:
-                value = overrides[name]
-                if isinstance(value, list) or (isinstance(default, tuple) and not isinstance(value, tuple)):
-                    value = tuple(value) if isinstance(value, list) else (value,)  # a list parameter given one item
+                value = param_value(program.filename, name, overrides[name])
+                if isinstance(default, tuple) and not isinstance(value, tuple):
+                    value = (value,)  # a list parameter given one item
                 params[name] = value
             elif isinstance(default, Expr):
                 try:
                     params[name] = default.eval({**env, **params})
-                except UclError:
+                except UnboundNameError:
                     pass  # depends on a parameter without a value: an error only where it is used
             elif default is not None:
                 params[name] = default
@@ -128,7 +155,9 @@ class Context:
         base = {**layout_vars(self.layout, self.coords), **self.params, **(captures or {})}
         return Env(base, self.program.lets, self.functions())
 
-    def _stages(self) -> list[int]:
+    @cached_property
+    def _stages(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(layers of each stage, first layer of each stage), computed once per context."""
         stages = self.layout.pp * self.layout.vpp
         explicit = self.params.get("stage_layers_list") or ()
         if explicit:
@@ -137,17 +166,28 @@ class Context:
                     f"{self.program.filename}: stage_layers_list has {len(explicit)} entries, "
                     f"the layout has pp*vpp = {stages} stages"
                 )
-            return [int(x) for x in explicit]
-        if "num_layers" not in self.params:
-            raise UclError(f"{self.program.filename}: stage_start()/stage_layers() need the parameter num_layers")
-        return [split_evenly(int(self.params["num_layers"]), stages, s)[1] for s in range(stages)]
+            if not all(isinstance(x, int) and x >= 0 for x in explicit):
+                raise UclError(f"{self.program.filename}: stage_layers_list must hold layer counts >= 0, "
+                               f"got {list(explicit)[:8]}")
+            sizes = tuple(explicit)
+        else:
+            layers = self.params.get("num_layers")
+            if not isinstance(layers, int) or layers < 0:
+                raise UclError(f"{self.program.filename}: stage_start()/stage_layers() need the parameter num_layers "
+                               f"(an integer >= 0), got {layers!r}")
+            sizes = tuple(split_evenly(layers, stages, s)[1] for s in range(stages))
+        starts = tuple(itertools.accumulate(sizes, initial=0))
+        if starts[-1] > MAX_INT:
+            raise UclError(f"{self.program.filename}: stage_layers_list adds up to more than 2**63 - 1 layers")
+        return sizes, starts
 
     def _stage_start(self, stage: int) -> int:
-        return sum(self._stages()[:stage])
+        starts = self._stages[1]
+        return starts[min(max(stage, 0), len(starts) - 1)]
 
     def _stage_layers(self, stage: int) -> int:
-        stages = self._stages()
-        return stages[stage] if 0 <= stage < len(stages) else 0
+        sizes = self._stages[0]
+        return sizes[stage] if isinstance(stage, int) and 0 <= stage < len(sizes) else 0
 
 
 def unmet_requirements(ctx: Context) -> list[str]:

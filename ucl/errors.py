@@ -36,3 +36,15 @@ class UclError(UcpError, ValueError):
 
     The message names the rule's ``file:line`` and the tensor.
     """
+
+
+class UnboundNameError(UclError):
+    """An expression reads a program parameter (or capture) that has no value here."""
+
+
+class ProgramMismatchError(UclError):
+    """The program given to a load disagrees with the one the checkpoint was saved with (a model parameter)."""
+
+
+class DeclaredShapeError(UclError):
+    """A tensor's logical shape contradicts the shape its rule declares (``shape [...]`` or ``size dim``)."""

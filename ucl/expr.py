@@ -11,6 +11,17 @@ checked against a whitelist, so a program can never run arbitrary code::
     6
     >>> sorted(e.names)
     ['i', 'pp.rank']
+
+Integers are bounded: every literal and every intermediate result must lie
+within ``±MAX_INT`` (int64, what tensor sizes and offsets are), and arithmetic
+takes integers only, so an expression costs a bounded time however its
+parameters are chained (``param b = a * a`` squared twenty times is refused,
+not computed)::
+
+    >>> parse_expr("a * a", where=("m.ucl", 3, 1, "")).eval({"a": 2 ** 40})
+    Traceback (most recent call last):
+    ...
+    ucl.errors.UclError: m.ucl:3: 'a * a' leaves UCL's integer range (|value| <= 2**63 - 1): 1099511627776 * 1099511627776
 """
 
 from __future__ import annotations
@@ -19,15 +30,21 @@ import ast
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from ucl.errors import UclError, UclSyntaxError
+from ucl.errors import UclError, UclSyntaxError, UnboundNameError
 
-_BINOPS: dict[type, Callable[[int, int], int]] = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.FloorDiv: lambda a, b: a // b,
-    ast.Mod: lambda a, b: a % b,
+MAX_INT = 2**63 - 1  # int64: the range of tensor sizes and offsets
+# Index arithmetic is short: these bounds keep parsing and evaluating (both recursive) cheap and safe.
+MAX_EXPR_CHARS = 4096
+MAX_EXPR_DEPTH = 64
+
+_BINOPS: dict[type, tuple[str, Callable[[int, int], int]]] = {
+    ast.Add: ("+", lambda a, b: a + b),
+    ast.Sub: ("-", lambda a, b: a - b),
+    ast.Mult: ("*", lambda a, b: a * b),
+    ast.FloorDiv: ("//", lambda a, b: a // b),
+    ast.Mod: ("%", lambda a, b: a % b),
 }
+_BY_SYMBOL = dict(_BINOPS.values())
 _CMPOPS: dict[type, Callable[[int, int], bool]] = {
     ast.Eq: lambda a, b: a == b,
     ast.NotEq: lambda a, b: a != b,
@@ -55,24 +72,59 @@ class Expr:
 
     def eval(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None):
         code = self.code
-        scope = {"__builtins__": {}, "ceil_div": _ceil_div, "min": min, "max": max, "len": len, **(functions or {})}
+        scope = {"__builtins__": {}, "ceil_div": _ceil_div, "min": min, "max": max, "len": len,
+                 _ARITH: _arith, **(functions or {})}
         try:
             # The tree was whitelisted by parse_expr, so compiling it runs only index arithmetic.
             return eval(code, scope, _Names(env))  # noqa: S307
         except ZeroDivisionError:
             raise UclError(f"{self.where[0]}:{self.where[1]}: division by zero in {self.text!r}") from None
+        except _Problem as err:
+            raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} {err}") from None
+        except TypeError as err:  # a comparison or builtin given a word or list where it needs an integer
+            raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} cannot be evaluated ({err}): "
+                           "a parameter has a value of the wrong kind") from None
         except NameError as err:
             missing = getattr(err, "name", None) or str(err)
-            raise UclError(
+            raise UnboundNameError(
                 f"{self.where[0]}:{self.where[1]}: {missing.replace(_DOT, '.')!r} has no value in {self.text!r} "
-                "(give the program parameter a value, e.g. ucl.load_program(..., NAME=VALUE))"
+                "(give the program parameter a value: ucl.load_program(..., NAME=VALUE), or "
+                "--param NAME=VALUE to ucp ucl check)"
             ) from None
+
+    def eval_int(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None) -> int:
+        """:meth:`eval`, refusing anything but an integer (a size, a multiple, a bound)."""
+        value = self.eval(env, functions)
+        if not isinstance(value, int):
+            raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} is {_brief(value)}, expected an integer")
+        return int(value)
 
     def __str__(self) -> str:
         return self.text
 
 
 _DOT = "__dot__"
+_ARITH = "__ucl_arith__"
+
+
+class _Problem(Exception):
+    """Raised inside an evaluation; :meth:`Expr.eval` turns it into a UclError with the location."""
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _arith(symbol: str, a, b) -> int:
+    """One arithmetic operation on bounded integers (checked before computing, so cost stays bounded)."""
+    if not isinstance(a, int) or not isinstance(b, int):
+        raise _Problem(f"needs integers on both sides of {symbol}, got {_brief(a)} and {_brief(b)}")
+    value = _BY_SYMBOL[symbol](a, b)
+    if not -MAX_INT <= value <= MAX_INT:
+        raise _Problem(f"leaves UCL's integer range (|value| <= 2**63 - 1): {a} {symbol} {b}")
+    return value
+
 
 
 class _Names(Mapping):
@@ -91,13 +143,39 @@ class _Names(Mapping):
         return len(self._env)
 
 
+def _depth(node: ast.AST) -> int:
+    """Nesting depth of an expression tree, without recursing (a long chain of ``+`` is deep)."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_EXPR_DEPTH:
+            todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
 class _Undot(ast.NodeTransformer):
+    """``pp.rank`` -> a plain name; ``a op b`` and ``-a`` -> calls of the bounded :func:`_arith`."""
+
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         return ast.copy_location(ast.Name(id=_dotted(node).replace(".", _DOT), ctx=ast.Load()), node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        symbol = _BINOPS[type(node.op)][0]
+        call = ast.Call(ast.Name(_ARITH, ast.Load()), [ast.Constant(symbol), node.left, node.right], [])
+        return ast.copy_location(call, node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.USub):
+            return node
+        call = ast.Call(ast.Name(_ARITH, ast.Load()), [ast.Constant("-"), ast.Constant(0), node.operand], [])
+        return ast.copy_location(call, node)
 
 
 def _compile(tree: ast.expression):
@@ -122,12 +200,21 @@ def parse_expr(text: str, *, where: tuple) -> Expr:
     if not stripped:
         raise UclSyntaxError("expected an expression, found the end of the line",
                              filename=filename, line=line, column=column + len(text), source_line=source)
+    if len(stripped) > MAX_EXPR_CHARS:
+        raise UclSyntaxError(f"expected an expression of at most {MAX_EXPR_CHARS} characters, found "
+                             f"{len(stripped)}", filename=filename, line=line, column=column + lead, source_line=source)
     try:
         tree = ast.parse(stripped, mode="eval")
     except SyntaxError as err:
         col = column + lead + max((err.offset or 1) - 1, 0)
-        raise UclSyntaxError(f"expected an expression, found {stripped!r}",
+        raise UclSyntaxError(f"expected an expression, found {_brief(stripped)}",
                              filename=filename, line=line, column=col, source_line=source) from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on deep nesting
+        raise UclSyntaxError("expected an expression, found one nested too deeply", filename=filename, line=line,
+                             column=column + lead, source_line=source) from None
+    if _depth(tree.body) > MAX_EXPR_DEPTH:
+        raise UclSyntaxError(f"expected an expression nested at most {MAX_EXPR_DEPTH} deep", filename=filename,
+                             line=line, column=column + lead, source_line=source)
     names: set[str] = set()
 
     def bad(node: ast.AST, why: str) -> UclSyntaxError:
@@ -137,7 +224,9 @@ def parse_expr(text: str, *, where: tuple) -> Expr:
     def check(node: ast.AST) -> None:
         if isinstance(node, ast.Constant):
             if not isinstance(node.value, int) or isinstance(node.value, bool):
-                raise bad(node, f"expected an integer, found {node.value!r}")
+                raise bad(node, f"expected an integer, found {_brief(node.value)}")
+            if node.value > MAX_INT:
+                raise bad(node, f"integer {_brief(node.value)} is larger than UCL's maximum 2**63 - 1")
         elif isinstance(node, (ast.Name, ast.Attribute)):
             name = _dotted(node)
             if name is None:
@@ -174,46 +263,9 @@ def parse_expr(text: str, *, where: tuple) -> Expr:
     return Expr(stripped, tree, frozenset(names), where)
 
 
-def _eval(node: ast.AST, env: Mapping[str, object], functions: Mapping[str, Callable]):
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, (ast.Name, ast.Attribute)):
-        return env[_dotted(node)]
-    if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_eval(node.left, env, functions), _eval(node.right, env, functions))
-    if isinstance(node, ast.UnaryOp):
-        value = _eval(node.operand, env, functions)
-        return -value if isinstance(node.op, ast.USub) else not value
-    if isinstance(node, ast.BoolOp):
-        if isinstance(node.op, ast.And):
-            return all(_eval(v, env, functions) for v in node.values)
-        return any(_eval(v, env, functions) for v in node.values)
-    if isinstance(node, ast.Compare):
-        left = _eval(node.left, env, functions)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env, functions)
-            if not _CMPOPS[type(op)](left, right):
-                return False
-            left = right
-        return True
-    if isinstance(node, ast.Call):
-        args = [_eval(a, env, functions) for a in node.args]
-        name = node.func.id
-        if name == "min":
-            return min(args)
-        if name == "max":
-            return max(args)
-        if name == "ceil_div":
-            return -(-args[0] // args[1])
-        if name == "len":
-            return len(args[0])
-        return functions[name](*args)
-    raise AssertionError(f"unchecked node {node!r}")  # parse_expr whitelists every node
-
-
 def ceil_to(value: int, multiple: int) -> int:
     """``value`` rounded up to a multiple of ``multiple``."""
     return -(-value // multiple) * multiple if multiple > 0 else value
 
 
-__all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS"]
+__all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS", "MAX_INT"]

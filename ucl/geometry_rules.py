@@ -16,7 +16,7 @@ import itertools
 import math
 
 from ucl.env import Context, Env, group_size_rank
-from ucl.errors import UclError
+from ucl.errors import DeclaredShapeError, UclError
 from ucl.expr import ceil_to
 from ucl.program import TensorRule
 from ucp.geometry import Box, split_evenly
@@ -36,7 +36,7 @@ def _dim_cut(rule: TensorRule, ctx: Context, dim: int) -> tuple[int, int]:
 def _pad(rule: TensorRule, env: Env, ctx: Context, dim: int) -> int:
     for p in rule.pads:
         if p.dim == dim:
-            return int(p.multiple.eval(env, ctx.functions()))
+            return p.multiple.eval_int(env, ctx.functions())
     return 1
 
 
@@ -52,7 +52,7 @@ def _check_dims(rule: TensorRule, ctx: Context, ndim: int, what: str) -> None:
 def _weights(rule: TensorRule, env: Env, ctx: Context) -> list[int]:
     out = []
     for part in rule.fuse.parts:
-        w = 1 if part.weight is None else int(part.weight.eval(env, ctx.functions()))
+        w = 1 if part.weight is None else part.weight.eval_int(env, ctx.functions())
         if w <= 0:
             raise UclError(f"{ctx.program.where(rule.line)}: part weight {part.weight} is {w}, must be > 0")
         out.append(w)
@@ -62,7 +62,7 @@ def _weights(rule: TensorRule, env: Env, ctx: Context) -> list[int]:
 def _groups(rule: TensorRule, env: Env, ctx: Context, parts: int) -> int:
     if rule.fuse.groups is None:
         return parts
-    return int(rule.fuse.groups.eval(env, ctx.functions()))
+    return rule.fuse.groups.eval_int(env, ctx.functions())
 
 
 def local_geometry(rule: TensorRule, ctx: Context, env: Env, names: list[str], shapes: list[Shape]):
@@ -121,7 +121,7 @@ def logical_shapes(rule: TensorRule, ctx: Context, env: Env, names: list[str], l
         return [()] * len(names)
     ndim = len(local_shape)
     _check_dims(rule, ctx, ndim, f"local tensor of shape {tuple(local_shape)}")
-    declared = {d: int(e.eval(env, ctx.functions())) for d, e in rule.sizes}
+    declared = {d: e.eval_int(env, ctx.functions()) for d, e in rule.sizes}
     out = [list(local_shape) for _ in names]
     for d in range(ndim):
         parts, index = _dim_cut(rule, ctx, d)
@@ -156,6 +156,63 @@ def logical_shapes(rule: TensorRule, ctx: Context, env: Env, names: list[str], l
         for o in out:
             o[d] = n
     return [tuple(o) for o in out]
+
+
+def declared_shapes(rule: TensorRule, ctx: Context, env: Env) -> list[Shape | None]:
+    """The logical shape each target declares with ``shape [...]`` (None where it declares none).
+
+    ``size dim D = ...`` clauses must agree with a declared shape.
+    """
+    out: list[Shape | None] = []
+    sizes = {d: e for d, e in rule.sizes}
+    for exprs in rule.declared_shapes:
+        if exprs is None:
+            out.append(None)
+            continue
+        dims = tuple(e.eval_int(env, ctx.functions()) for e in exprs)
+        if any(d < 0 for d in dims):
+            raise UclError(f"{ctx.program.where(rule.line)}: declared shape {_text(exprs)} is {dims}, "
+                           "a negative size")
+        for d, e in sizes.items():
+            if not rule.scalar and d < len(dims) and e.eval_int(env, ctx.functions()) != dims[d]:
+                raise UclError(f"{ctx.program.where(rule.line)}: 'size dim {d} = {e}' is "
+                               f"{e.eval_int(env, ctx.functions())} but the declared shape {_text(exprs)} has {dims[d]}")
+        out.append(dims)
+    return out
+
+
+def check_declared(rule: TensorRule, ctx: Context, env: Env, names: list[str], shapes: list[Shape]) -> None:
+    """Load direction: the logical shapes of a checkpoint must be the ones the rule declares.
+
+    Catches a model parameter given the wrong value (``heads``, ``vocab_size``) before any byte moves.
+    """
+    for name, shape, exprs, dims in zip(names, shapes, rule.declared_shapes, declared_shapes(rule, ctx, env)):
+        if dims is not None and tuple(shape) != dims:
+            raise DeclaredShapeError(
+                f"{ctx.program.where(rule.line)}: logical tensor {name!r} has shape {tuple(shape)}, but the program "
+                f"declares {_text(exprs)} = {dims}{_params_read(exprs, ctx)}; check the program's parameters"
+            )
+    if rule.scalar:
+        return
+    for d, e in rule.sizes:
+        want = e.eval_int(env, ctx.functions())
+        for name, shape in zip(names, shapes):
+            if d < len(shape) and shape[d] != want:
+                raise DeclaredShapeError(
+                    f"{ctx.program.where(rule.line)}: logical tensor {name!r} has {shape[d]} elements along dim {d}, "
+                    f"but the program declares 'size dim {d} = {e}' = {want}{_params_read((e,), ctx)}; check the "
+                    "program's parameters"
+                )
+
+
+def _text(exprs) -> str:
+    return "[" + ", ".join(e.text for e in exprs) + "]"
+
+
+def _params_read(exprs, ctx: Context) -> str:
+    """`` (with heads=4, hidden=64)``: the parameter values a declaration read, for the error message."""
+    names = sorted({n for e in exprs for n in e.names if n in ctx.params})
+    return f" (with {', '.join(f'{n}={ctx.params[n]}' for n in names)})" if names else ""
 
 
 def numel(shape: Shape) -> int:

@@ -9,7 +9,7 @@ import fnmatch
 import re
 
 from ucl.env import Context
-from ucl.errors import UclError
+from ucl.errors import UclError, UnboundNameError
 from ucl.program import FlatRule
 
 
@@ -29,13 +29,13 @@ def switched_off(rule, ctx: Context) -> bool:
         try:
             if not cond.eval(env, ctx.functions()):
                 return True
-        except UclError:
+        except UnboundNameError:
             continue  # reads a capture: decided per key, not here
     for _, limit, inclusive in rule.bounds:  # `where e < experts_here` with no experts: nothing to match
         try:
-            if int(limit.eval(env, ctx.functions())) + (1 if inclusive else 0) <= 0:
+            if limit.eval_int(env, ctx.functions()) + (1 if inclusive else 0) <= 0:
                 return True
-        except UclError:
+        except UnboundNameError:
             continue
     return False
 
@@ -61,29 +61,58 @@ def member_order(rule: FlatRule, members: dict, params: dict) -> list[str]:
     return chosen
 
 
+# Capture values one rule may enumerate in one compile: real models stay far below (a rank of a
+# 128-layer model with 256 experts holds 32768 expert tensors); a bound like `where i < 10**12`
+# is refused before the walk, not walked.
+MAX_ASSIGNMENTS = 1 << 18
+
+
 def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: int):
-    """Every assignment of the rule's int and list captures (text captures fixed), with the omit set."""
+    """Every assignment of the rule's int and list captures (text captures fixed), with the omit set.
+
+    Raises UclError, naming the rule, when the captures would take more than :data:`MAX_ASSIGNMENTS`
+    values: at once where the ranges are known up front, else as soon as the walk passes the budget.
+    """
     names = [c for c in caps if c.name not in fixed]
+    budget = [MAX_ASSIGNMENTS]
+
+    def too_many(cap) -> UclError:
+        return UclError(
+            f"{ctx.program.where(rule.line)}: rule {rule.local.text!r} would try more than {MAX_ASSIGNMENTS} "
+            f"values of its captures (at {{{cap.name}}}) on rank {ctx.rank} of {ctx.layout}; bound them by the "
+            "model's sizes with 'where NAME < EXPR' (and check the parameters, e.g. num_layers)"
+        )
+
+    def options_of(cap, values: dict):
+        """(the values ``cap`` takes, whether its bound was read) given the captures bound so far."""
+        if cap.kind == "list":
+            return list(ctx.params.get(cap.list_param, ()) or ()), True
+        if cap.name not in bounds:
+            return range(max(fallback, 0)), True
+        expr, inclusive = bounds[cap.name]
+        try:
+            return range(max(expr.eval_int(ctx.env(values), ctx.functions()) + (1 if inclusive else 0), 0)), True
+        except UnboundNameError:  # reads a capture bound later: try the fallback range
+            return range(max(fallback, 0)), False
+
+    estimate = 1  # the product of the ranges that read no other capture: refused before any walk
+    for cap in names:
+        options, known = options_of(cap, dict(fixed))
+        estimate *= len(options) if known else 1
+        if estimate > MAX_ASSIGNMENTS:
+            raise too_many(cap)
 
     def walk(i: int, values: dict, omit: frozenset):
         if i == len(names):
             yield dict(values), omit
             return
         cap = names[i]
-        if cap.kind == "list":
-            options = list(ctx.params.get(cap.list_param, ()) or ())
-        else:
-            if cap.name in bounds:
-                expr, inclusive = bounds[cap.name]
-                try:
-                    limit = int(expr.eval(ctx.env(values), ctx.functions())) + (1 if inclusive else 0)
-                except UclError:
-                    limit = fallback
-            else:
-                limit = fallback
-            options = list(range(max(limit, 0)))
-            if cap.kind == "optint" and cap.name in bounds and limit == 1:
-                omit = omit | {cap.name}
+        options, _ = options_of(cap, values)
+        if cap.kind == "optint" and cap.name in bounds and len(options) == 1:
+            omit = omit | {cap.name}
+        budget[0] -= len(options)
+        if budget[0] < 0:
+            raise too_many(cap)
         for option in options:
             values[cap.name] = option
             yield from walk(i + 1, values, omit)

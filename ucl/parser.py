@@ -15,14 +15,17 @@ import dataclasses
 import re
 
 from ucl.errors import UclSyntaxError
-from ucl.expr import Expr, parse_expr
+from ucl.expr import MAX_INT, Expr, parse_expr
+from ucl.names import check_names
 from ucl.pattern import parse_pattern
 from ucl.program import GROUPS, FlatRule, Fuse, Pad, Part, Program, Require, Split, TensorRule, View
 from ucp.spec import REPLICA_POLICIES
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-STATEMENTS = ("ucl", "param", "let", "require", "tensor", "flat", "also", "view")
-TENSOR_CLAUSES = ("split", "pad", "size", "fuse", "part", "where", "replicate", "virtual")
+MAX_RULES = 10000  # rules after `also` expansion; the presets have a few dozen
+MAX_SOURCE_CHARS = 1 << 20
+STATEMENTS = ("ucl", "param", "setting", "let", "require", "tensor", "flat", "also", "view")
+TENSOR_CLAUSES = ("split", "pad", "size", "shape", "fuse", "part", "where", "replicate", "virtual")
 FLAT_CLAUSES = ("members", "order", "partition", "align", "where", "replicate")
 
 
@@ -87,10 +90,36 @@ class _Line:
 
     def integer(self, what: str) -> int:
         tok = self.peek()
-        if not tok.isdigit():
+        if not (tok.isascii() and tok.isdigit()):
             raise self.error(f"expected {what}, found {self.found()}")
+        if len(tok) > 6:  # a version or a dimension number: anything longer is a mistake, never a value
+            raise self.error(f"expected {what}, found a {len(tok)}-digit number")
         self.pos += len(tok)
         return int(tok)
+
+    def shape(self, after: str) -> tuple[Expr, ...]:
+        """``[EXPR, EXPR, ...]`` (``[]`` for a 0-d tensor): a declared logical shape."""
+        self.skip()
+        if self.text[self.pos : self.pos + 1] != "[":
+            raise self.error(f"expected '[' after '{after}' (a shape such as [hidden, heads * head_dim])")
+        start, depth, items, item_start = self.pos, 0, [], self.pos + 1
+        for i in range(self.pos + 1, len(self.text)):
+            ch = self.text[i]
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            elif ch in ",]" and depth == 0:
+                items.append((self.text[item_start:i], item_start))
+                item_start = i + 1
+                if ch == "]":
+                    self.pos = i + 1
+                    break
+        else:
+            raise self.error("expected ']' to close the shape", start)
+        if len(items) == 1 and not items[0][0].strip():
+            return ()
+        return tuple(parse_expr(text, where=(self.filename, self.number, col + 1, self.source)) for text, col in items)
 
     def rest(self):
         """The rest of the line as (text, column) for an expression."""
@@ -142,12 +171,16 @@ def _strip_comment(text: str) -> str:
 
 def parse(source: str, *, filename: str = "<ucl>") -> Program:
     """Parse UCL source text into a :class:`Program` (see docs/UCL.md)."""
+    if len(source) > MAX_SOURCE_CHARS:  # from a file, a string or a manifest: a program is a page, not megabytes
+        raise UclSyntaxError(f"a program has at most {MAX_SOURCE_CHARS} characters, this one {len(source)}",
+                             filename=filename, line=1, column=1, source_line=source[:80])
     params: dict = {}
     lets: dict = {}
     rules: list = []
     views: list = []
     alsos: list = []
     requires: list = []
+    settings: set = set()
     seen_version = False
     current = None  # the rule the following clauses belong to (a dict of fields while open)
 
@@ -163,6 +196,9 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
                     raise ln.error("expected 'part' lines after 'fuse'", 0)
                 if fields["logical"] is not None:
                     raise ln.error("a fused tensor names its targets with 'part' lines, not '->'", 0)
+                if "shape" in fields:
+                    raise ln.error("a fused tensor declares each part's shape on its 'part' line: "
+                                   "part NAME shape [...]", 0)
                 fields["fuse"] = Fuse(fuse_dim, fuse_groups, tuple(parts))
             elif fields["logical"] is None:
                 raise ln.error("expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)",
@@ -192,25 +228,35 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
                 raise ln.error(f"expected language version 1, found {version}", ln.pos - len(str(version)))
             ln.end("ucl 1")
             seen_version = True
-        elif kw == "param":
+        elif kw in ("param", "setting"):
+            ln.skip()
+            name_col = ln.pos
             name = ln.word("a parameter name")
+            if name in params:
+                raise ln.error(f"parameter {name!r} is declared twice", name_col)
+            if kw == "setting":
+                settings.add(name)
             if ln.at_end():
                 params[name] = None
                 continue
-            ln.keyword("=", f"param {name}")
+            ln.keyword("=", f"{kw} {name}")
             ln.skip()
             if ln.text[ln.pos : ln.pos + 1] == "[":
                 close_at = ln.text.find("]", ln.pos)
                 if close_at == -1:
                     raise ln.error("expected ']' to close the list", ln.pos)
                 items = [s.strip() for s in ln.text[ln.pos + 1 : close_at].split(",") if s.strip()]
-                params[name] = tuple(int(s) if s.isdigit() else s for s in items)
+                params[name] = tuple(_list_item(ln, s, ln.pos + 1) for s in items)
                 ln.pos = close_at + 1
                 ln.end("]")
             else:
                 params[name] = ln.expr()
         elif kw == "let":
+            ln.skip()
+            name_col = ln.pos
             name = ln.word("a name")
+            if name in lets:
+                raise ln.error(f"let {name!r} is defined twice", name_col)
             ln.keyword("=", f"let {name}")
             lets[name] = ln.expr()
         elif kw == "require":
@@ -260,10 +306,18 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
         raise UclSyntaxError("expected 'ucl 1' as the first statement, found an empty program",
                              filename=filename, line=1, column=1, source_line="")
     rules = [_analyze_where(r) for r in _expand_alsos(rules, alsos, filename)]
-    _check_names(rules, params, lets)
-    _check_require_names(requires, params, lets)
+    check_names(rules, params, lets, requires, views, lines=source.splitlines(), filename=filename)
     return Program(filename=filename, source=source, params=params, lets=lets, rules=tuple(rules), views=tuple(views),
-                   requires=tuple(requires))
+                   requires=tuple(requires), settings=frozenset(settings))
+
+
+def _list_item(ln: _Line, text: str, column: int):
+    """An item of a list parameter: a word, or an integer within UCL's range."""
+    if text.isascii() and text.lstrip("-").isdigit():
+        if len(text) > 19 or abs(int(text)) > MAX_INT:
+            raise ln.error(f"integer {text[:20]}... is larger than UCL's maximum 2**63 - 1", column)
+        return int(text)
+    return text
 
 
 def _require(ln: _Line, number: int) -> Require:
@@ -277,19 +331,6 @@ def _require(ln: _Line, number: int) -> Require:
     for m in re.finditer(r"\{([^{}]*)\}", message):
         holes.append(parse_expr(m.group(1), where=(ln.filename, number, col + m.start(1) + 1, ln.source)))
     return Require(number, condition, message, tuple(holes))
-
-
-def _check_require_names(requires: list, params: dict, lets: dict) -> None:
-    known = set(params) | set(lets) | LAYOUT_NAMES
-    for req in requires:
-        for expr in (req.condition, *req.holes):
-            unknown = sorted(expr.names - known)
-            if unknown:
-                filename, line, column, source = expr.where
-                raise UclSyntaxError(
-                    f"unknown name {unknown[0]!r} in {expr.text!r}: expected a parameter, a let or a layout "
-                    "variable (tp.size, pp.size, zero.stage, ...)",
-                    filename=filename, line=line, column=column, source_line=source)
 
 
 def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
@@ -315,6 +356,13 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
     elif kw == "virtual":
         ln.end("virtual")
         f["virtual"] = True
+    elif kw == "shape":
+        if "shape" in f:
+            raise ln.error("the rule declares its shape twice", kw_col)
+        if f.get("fuse") is not None:
+            raise ln.error("a fused tensor declares each part's shape on its 'part' line: part NAME shape [...]", kw_col)
+        f["shape"] = ln.shape("shape")
+        ln.end("shape [...]")
     elif kw in ("split", "pad", "size", "fuse"):
         ln.keyword("dim", kw)
         dim = ln.integer(f"a dimension number after '{kw} dim'")
@@ -339,9 +387,10 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
         if f.get("fuse") is None:
             raise ln.error("expected 'fuse dim D' before 'part'", kw_col)
         target = ln.pattern("a logical name pattern", local=False)
-        weight = ln.expr() if ln.maybe("weight") else None
+        weight = ln.expr(stop=("shape",)) if ln.maybe("weight") else None
+        shape = ln.shape("part ... shape") if ln.maybe("shape") else None
         ln.end("part")
-        f["fuse"][2].append(Part(target, weight))
+        f["fuse"][2].append(Part(target, weight, shape))
     elif kw == "members":
         globs = [s.strip() for s in ln.rest()[0].split(",") if s.strip()]
         if not globs:
@@ -367,6 +416,11 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
 
 def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
     """``also`` makes, for every tensor rule, a rule for each optimizer state with the same geometry."""
+    tensors = sum(isinstance(r, TensorRule) for r in rules)
+    if len(rules) + tensors * len(alsos) > MAX_RULES:
+        number, *_, ln = alsos[-1]
+        raise ln.error(f"the program expands to {len(rules) + tensors * len(alsos)} rules ({tensors} tensor rules x "
+                       f"{len(alsos)} 'also' lines), more than the {MAX_RULES} a program may have", 0)
     out = list(rules)
     for number, local_t, logical_t, scalar, where, ln in alsos:
         for rule in rules:
@@ -376,7 +430,8 @@ def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
             local = parse_pattern(local_t.replace("{key}", rule.local.text), where=src, local=True)
             if rule.fuse is not None and not scalar:
                 parts = tuple(
-                    Part(parse_pattern(logical_t.replace("{name}", p.logical.text), where=src, local=False), p.weight)
+                    Part(parse_pattern(logical_t.replace("{name}", p.logical.text), where=src, local=False), p.weight,
+                         p.shape)
                     for p in rule.fuse.parts
                 )
                 fields = {"logical": None, "fuse": Fuse(rule.fuse.dim, rule.fuse.groups, parts)}
@@ -385,7 +440,7 @@ def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
                 fields = {"logical": parse_pattern(logical_t.replace("{name}", first), where=src, local=False),
                           "fuse": None}
             if scalar:
-                fields.update(splits=(), pads=(), sizes=(), scalar=True)
+                fields.update(splits=(), pads=(), sizes=(), scalar=True, shape=())
             extra = (where,) if where is not None else ()
             out.append(dataclasses.replace(rule, local=local, where=rule.where + extra, derived=True, **fields))
     return out
@@ -405,33 +460,3 @@ def _analyze_where(rule):
                 bounds.append((node.left.id, Expr(ast.unparse(limit), limit, w.names, w.where),
                                isinstance(node.ops[0], ast.LtE)))
     return dataclasses.replace(rule, conjuncts=tuple(conjuncts), bounds=tuple(bounds))
-
-
-LAYOUT_NAMES = frozenset({f"{g}.{a}" for g in ("tp", "cp", "dp", "pp", "ep", "edp") for a in ("size", "rank")}
-                         | {"vpp.size", "zero.stage"})
-
-
-def _check_names(rules: list, params: dict, lets: dict) -> None:
-    """Every name an expression reads must be a parameter, let, capture or layout variable."""
-    known = set(params) | set(lets) | LAYOUT_NAMES
-    for rule in rules:
-        if getattr(rule, "derived", False):
-            continue  # made from checked rules and an `also` line checked with them
-        allowed = known | {c.name for c in rule.local.captures}
-        exprs = list(rule.where)
-        if isinstance(rule, TensorRule):
-            exprs += [e for _, e in rule.sizes] + [p.multiple for p in rule.pads]
-            if rule.fuse is not None:
-                exprs += [p.weight for p in rule.fuse.parts if p.weight is not None]
-                exprs += [rule.fuse.groups] if rule.fuse.groups is not None else []
-            exprs += [part for t in rule.targets for part in t.parts if isinstance(part, Expr)]
-        else:
-            exprs += [e for e in (rule.pad_multiple, rule.align) if e is not None]
-        for expr in exprs:
-            unknown = sorted(expr.names - allowed)
-            if unknown:
-                filename, line, column, source = expr.where
-                raise UclSyntaxError(
-                    f"unknown name {unknown[0]!r} in {expr.text!r}: expected a parameter, a let, a capture of "
-                    "this rule or a layout variable (tp.rank, pp.size, zero.stage, ...)",
-                    filename=filename, line=line, column=column, source_line=source)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Mapping
 
 from ucl.errors import UclSyntaxError
 from ucl.expr import Expr, parse_expr
 
+MAX_DIGITS = 18  # an integer capture reads at most this many digits (int64 range)
 _CAPTURE = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:(?P<opt>\?)|(?P<star>\*)|:(?P<list>[A-Za-z_]\w*))?$")
 
 
@@ -56,6 +58,11 @@ class Pattern:
                 out.add(p.list_param)
         return frozenset(out)
 
+    @cached_property
+    def compiled(self) -> re.Pattern:
+        """:meth:`regex`, compiled once per pattern (re's own cache holds only 512 and programs may have more)."""
+        return self.regex()
+
     def regex(self) -> re.Pattern:
         out = []
         for p in self.parts:
@@ -70,13 +77,15 @@ class Pattern:
 
     def match(self, key: str, params: Mapping[str, object]) -> dict | None:
         """Captures of ``key`` (local patterns), or None when it does not match."""
-        m = self.regex().match(key)
+        m = self.compiled.match(key)
         if not m:
             return None
         values: dict[str, object] = {}
         for cap in self.captures:
             raw = m.group(cap.name)
             if cap.kind in ("int", "optint"):
+                if len(raw) > MAX_DIGITS:
+                    return None  # no index of a real model has 19 digits; int() of thousands would be slow
                 value: object = int(raw) if raw else 0
             elif cap.kind == "list":
                 if raw not in list(params.get(cap.list_param, ()) or ()):

@@ -31,10 +31,11 @@ class Pad:
 
 @dataclass(frozen=True)
 class Part:
-    """One sub-parameter of a fused tensor and its relative size."""
+    """One sub-parameter of a fused tensor, its relative size and (``shape [...]``) its logical shape."""
 
     logical: Pattern
     weight: Expr | None
+    shape: tuple[Expr, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class TensorRule:
     derived: bool = False  # made by an `also` statement
     bounds: tuple = ()  # (capture, Expr, inclusive) from `where NAME < EXPR` conjuncts
     conjuncts: tuple = ()  # every and-ed condition of the `where` clauses, as its own Expr
+    shape: tuple[Expr, ...] | None = None  # `shape [EXPR, ...]`: the declared logical shape
 
     @property
     def targets(self) -> tuple[Pattern, ...]:
@@ -72,6 +74,15 @@ class TensorRule:
         if self.fuse is not None:
             return tuple(p.logical for p in self.fuse.parts)
         return (self.logical,) if self.logical is not None else ()
+
+    @property
+    def declared_shapes(self) -> tuple[tuple[Expr, ...] | None, ...]:
+        """The declared logical shape of each target (None where the rule declares none)."""
+        if self.scalar:
+            return ((),) * len(self.targets)
+        if self.fuse is not None:
+            return tuple(p.shape for p in self.fuse.parts)
+        return (self.shape,) * len(self.targets)
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,12 @@ class Require:
 
 @dataclass(frozen=True)
 class Program:
-    """A parsed program. ``params`` holds defaults (None: must be given), ``lets`` the definitions."""
+    """A parsed program. ``params`` holds defaults (None: must be given), ``lets`` the definitions.
+
+    ``settings`` names the parameters declared with ``setting``: properties of a run (padding
+    multiple, pipeline split, optimizer states) that a load may give other values than the
+    save did. Every other parameter describes the model and must match the checkpoint's.
+    """
 
     filename: str
     source: str
@@ -128,6 +144,7 @@ class Program:
     rules: tuple = ()
     views: tuple[View, ...] = ()
     requires: tuple[Require, ...] = ()
+    settings: frozenset = frozenset()
 
     def where(self, line: int) -> str:
         return f"{self.filename}:{line}"

@@ -13,30 +13,18 @@ from ucl.env import GROUP_DIM, Context
 from ucl.errors import UclError
 from ucl.geometry_rules import local_geometry
 from ucl.matching import bounds_of, enumerate_captures, member_order, where_ok
+from ucl.names import let_closure, rule_exprs
 from ucl.program import FlatRule, Program, TensorRule
 
 
 def _rule_names(program: Program, rule) -> set[str]:
     """Every name a rule's expressions read, following lets."""
     names: set[str] = set()
-    exprs = list(rule.where)
-    if isinstance(rule, TensorRule):
-        exprs += [e for _, e in rule.sizes] + [p.multiple for p in rule.pads]
-        if rule.fuse is not None:
-            exprs += [p.weight for p in rule.fuse.parts if p.weight is not None]
-            exprs += [rule.fuse.groups] if rule.fuse.groups is not None else []
-        for t in rule.targets:
-            names |= t.names
-    for e in exprs:
-        names |= e.names
-    todo = list(names)
-    while todo:
-        n = todo.pop()
-        if n in program.lets:
-            new = program.lets[n].names - names
-            names |= new
-            todo += list(new)
-    return names
+    for expr in rule_exprs(rule):
+        names |= expr.names
+    for t in getattr(rule, "targets", ()):
+        names |= t.names
+    return let_closure(frozenset(names), program.lets)
 
 
 def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from ucp.dtypes import allocate, dtype_name
 from ucp.errors import InvalidArgumentError, KeyMismatchError, ShapeMismatchError, UcpError, UnsupportedTensorError
 from ucp.geometry import Box, FlatRange, Region
 from ucp.layout import Layout
+from ucp.programs import compile_for_load, compile_for_save
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
@@ -38,7 +39,7 @@ def save(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     checksums: bool = True,
     overwrite: bool = False,
@@ -50,7 +51,9 @@ def save(
 
     Each rank saves only its own tensors: with ``spec`` (a FragmentMap, or a
     callable ``spec({key: (shape, dtype)}) -> FragmentMap``), with
-    ``program`` + ``layout`` (a UCL program), from DTensor placements, or - for
+    ``program`` + ``layout`` (a UCL program: text, a ``.ucl`` path, a preset
+    reference or a ``ucl.BoundProgram``; the manifest records its full text and
+    parameters), from DTensor placements, or - for
     plain tensors under a process group - as replicas of the whole group.
     ``logical`` (name -> LogicalTensor) tells a UCL program the whole shapes it
     cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
@@ -85,7 +88,7 @@ def open_writer(
     process_group: Any = None,
     rank: int | None = None,
     world_size: int | None = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     allow_objects: Any = False,
     logical: dict[str, LogicalTensor] | None = None,
@@ -108,7 +111,7 @@ def open_writer(
     >>> writer.close().committed
     True
     """
-    program_text = lay = None
+    record = lay = None
     if process_group is not None:
         import torch.distributed as dist
 
@@ -120,13 +123,8 @@ def open_writer(
         flat = flatten_state(state, allow_objects=allow_objects)
         check_tensors(flat.tensors)
         local = _local_shapes(flat)
-        if program is not None and spec is None:
-            if lay is None:
-                raise ValueError("program needs a layout (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
-            from ucl.bind import spec_for_save
-
-            program_text = _program_text(program)
-            spec = spec_for_save(program, lay, rank, local, shapes=logical)
+        if program is not None:
+            spec, record = compile_for_save(program, spec=spec, layout=lay, rank=rank, local=local, logical=logical)
         elif spec is not None and not isinstance(spec, FragmentMap):
             spec = spec(local)
         if spec is not None and not isinstance(spec, FragmentMap):
@@ -154,7 +152,7 @@ def open_writer(
         raise failure
     writer = CheckpointWriter(
         os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
-        layout=lay, program=program_text, **writer_options,
+        layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
 
@@ -187,7 +185,7 @@ def load(
     into: Any = None,
     *,
     spec: SpecLike = None,
-    program: str | None = None,
+    program: Any = None,
     layout: Layout | str | None = None,
     rank: int | None = None,
     map_location: str | torch.device = "cpu",
@@ -200,10 +198,12 @@ def load(
 
     Without a spec, logical tensors are assembled whole at the keys they were
     saved under. With one (a FragmentMap, a callable
-    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``program`` + ``layout``
-    + ``rank``), exactly that rank's local tensors are returned, reading only
-    the bytes that overlap them. ``into`` fills existing tensors with
-    ``copy_`` (no second copy) and the returned state shares them.
+    ``spec({name: LogicalTensor}) -> FragmentMap``, or ``layout`` + ``rank``
+    with the UCL program the checkpoint was saved with, or with ``program``,
+    which must agree with it on the model's parameters), exactly that rank's
+    local tensors are returned, reading only the bytes that overlap them.
+    ``into`` fills existing tensors with ``copy_`` (no second copy) and the
+    returned state shares them.
 
     A whole load returns every logical tensor: the saved tree's references
     resolved, plus the logical tensors the tree does not place, at the top
@@ -249,13 +249,9 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
     reader = CheckpointReader(path, verify=verify, storage_options=storage_options)
     manifest = reader.manifest
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    if program is not None and spec is None:
-        if lay is None or rank is None:
-            raise ValueError("program needs layout and rank to say which shard to load")
-        from ucl.bind import spec_for_load
-
-        spec = spec_for_load(program, lay, rank, reader.logical())
-    elif spec is not None and not isinstance(spec, FragmentMap):
+    spec = compile_for_load(reader.path, manifest.program, manifest.layout, reader.logical(), spec=spec,
+                            program=program, layout=lay, rank=rank)
+    if spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(reader.logical())
     if spec is not None and not isinstance(spec, FragmentMap):
         raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
@@ -325,7 +321,7 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
             # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
-            known = getattr(spec, "local", {}).get(key)
+            known = spec.local.get(key)
             if not pieces and known is None:
                 continue
             tspec = TensorSpec(key, pieces, tspec.replica, tspec.replicas, tspec.policy)
@@ -468,9 +464,3 @@ def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], stri
             specs[key] = TensorSpec(key, (ShardPiece(key, box, box),))
     return FragmentMap(rank=rank, logical=logical, tensors=specs)
 
-
-def _program_text(program: str) -> str:
-    if "\n" not in program and os.path.isfile(program):
-        with open(program, encoding="utf-8") as fh:
-            return fh.read()
-    return program

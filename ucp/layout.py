@@ -15,6 +15,11 @@ Rank order follows Megatron: tp varies fastest, then cp, then dp, then pp.
 Expert parallelism subdivides the data-parallel group: ``ep`` must divide
 ``dp``; a rank's expert-parallel rank is ``dp_rank % ep`` and its
 expert-data-parallel rank ``dp_rank // ep``.
+
+Sizes are bounded (:data:`MAX_WORLD_SIZE` ranks in all, :data:`MAX_VPP` model
+chunks per rank), so that everything that walks the ranks or the pipeline
+stages of a layout costs at most that much: a typo such as ``dp=1000000000``
+is refused at once instead of running for hours.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from ucp.errors import LayoutError
 
 _DIMS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero")
 _DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "vpp": 1, "zero": 0}
+
+# 2**20 ranks: ten times the largest training jobs run so far, far below what makes a
+# per-rank walk (the checker compiles every rank) take longer than a coffee break.
+MAX_WORLD_SIZE = 1 << 20
+# Interleaved pipeline chunks per rank; Megatron uses a handful (each chunk holds >= 1 layer).
+MAX_VPP = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,14 @@ class Layout:
                     raise LayoutError(f"layout zero must be 0, 1, 2 or 3, got {value}")
             elif value < 1:
                 raise LayoutError(f"layout {name} must be >= 1, got {value}")
+            elif value > (MAX_VPP if name == "vpp" else MAX_WORLD_SIZE):
+                limit = MAX_VPP if name == "vpp" else MAX_WORLD_SIZE
+                raise LayoutError(f"layout {name}={value} is larger than the {limit} this library supports")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise LayoutError(
+                f"layout {self} has {self.world_size} ranks (tp*cp*dp*pp), more than the {MAX_WORLD_SIZE} "
+                "this library supports"
+            )
         if self.dp % self.ep:
             raise LayoutError(
                 f"layout ep={self.ep} must divide dp={self.dp} "
@@ -96,10 +115,17 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
+        """The inverse of :meth:`to_dict`; every value must be an integer (JSON from a manifest is checked here)."""
+        if not isinstance(data, dict):
+            raise LayoutError(f"a layout must be an object of dimension sizes, got {type(data).__name__}")
         unknown = set(data) - set(_DIMS)
         if unknown:
-            raise LayoutError(f"unknown layout dimension(s) {sorted(unknown)}; expected some of {list(_DIMS)}")
-        return cls(**{k: int(v) for k, v in data.items()})
+            raise LayoutError(f"unknown layout dimension(s) {sorted(map(str, unknown))}; expected some of {list(_DIMS)}")
+        bad = {k: v for k, v in data.items() if not isinstance(v, int) or isinstance(v, bool)}
+        if bad:
+            name, value = next(iter(bad.items()))
+            raise LayoutError(f"layout {name} must be an integer, got {value!r}")
+        return cls(**data)
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
@@ -117,9 +143,14 @@ class Layout:
             try:
                 values[name] = int(value)
             except ValueError:
-                raise LayoutError(f"bad layout value {value!r} for {name} in {text!r}: expected an integer") from None
+                raise LayoutError(f"bad layout value {_short(value)} for {name} in {_short(text)}: expected an integer") from None
         return cls(**values)
 
     def __str__(self) -> str:
         parts = [f"{n}={getattr(self, n)}" for n in _DIMS if getattr(self, n) != _DEFAULTS[n]]
         return ",".join(parts) or "tp=1"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut in the middle when long (error messages echo user input)."""
+    return repr(text) if len(text) <= limit else repr(text[: limit // 2] + "..." + text[-limit // 2 :])

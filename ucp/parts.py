@@ -28,6 +28,7 @@ from typing import Any
 from ucp.errors import CoverageError, LayoutError, ManifestError, NameConflictError, ReplicaMismatchError, UcpError
 from ucp.geometry import coverage_gaps, region_from_dict
 from ucp.manifest import Fragment, Manifest, TensorEntry
+from ucp.programs import ProgramRecord
 from ucp.state import tensor_refs, top_level_keys
 
 _FRAGMENT_MEMBERS = {"key": str, "rank": int, "region": dict, "nbytes": int, "chunk_rows": int}
@@ -158,9 +159,14 @@ def _part_problem(part: Any, rank: int, world_size: int) -> str | None:
         if value != expected or isinstance(value, bool):
             told = "the file is rank " + f"{rank}'s" if name == "rank" else f"finalize was told world_size={world_size}"
             return f"member {name!r} is {value!r}, but {told}"
-    for name in ("checksum_algorithm", "program", "error"):
+    for name in ("checksum_algorithm", "error"):
         if part[name] is not None and not isinstance(part[name], str):
             return f"member {name!r} is not a string or null"
+    if part["program"] is not None:
+        try:
+            ProgramRecord.from_dict(part["program"], source="the part")
+        except ManifestError as err:
+            return f"member 'program' is not a UCL program record ({err})"
     if not isinstance(part["overwrite"], bool):
         return "member 'overwrite' is not true or false"
     if part["layout"] is not None and not isinstance(part["layout"], dict):

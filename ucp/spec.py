@@ -21,14 +21,21 @@ Example: rank 1 of tp=2 holds rows 4..7 of an 8x3 column-parallel weight::
     >>> fmap = FragmentMap(rank=1, logical={"fc.weight": LogicalTensor("fc.weight", (8, 3), "float32")},
     ...                    tensors={spec.key: spec})
     >>> fmap.validate()
+
+A map also round-trips through plain JSON data (what ``ucp ucl compile`` prints)::
+
+    >>> FragmentMap.from_dict(fmap.to_dict()) == fmap
+    True
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ucp.errors import LayoutError
-from ucp.geometry import Box, FlatRange, Region
+from typing import Any
+
+from ucp.errors import LayoutError, ManifestError
+from ucp.geometry import Box, FlatRange, Region, region_from_dict, region_to_dict
 
 # A replicated piece is split among its replicas for writing only above this
 # many bytes; smaller ones are written whole by one replica chosen by name hash.
@@ -102,12 +109,67 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class LocalTensor:
+    """A tensor a rank holds: what the engine allocates before loading into it (padding included)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
 class FragmentMap:
-    """One rank's mapping: logical tensors it touches and the spec of each local tensor."""
+    """One rank's mapping: logical tensors it touches and the spec of each local tensor.
+
+    ``local`` (optional) gives the shape and dtype of local tensors, key -> :class:`LocalTensor`.
+    Where a key has none, a load sizes the tensor from its pieces, which is exact only when no
+    padding is involved; maps compiled from UCL programs give every key one.
+    """
 
     rank: int
     logical: dict[str, LogicalTensor]
     tensors: dict[str, TensorSpec] = field(default_factory=dict)
+    local: dict[str, LocalTensor] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON data; :meth:`from_dict` is its inverse."""
+        local = self.local
+        return {
+            "rank": self.rank,
+            "logical": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in self.logical.items()},
+            "tensors": {
+                key: {
+                    "shape": list(local[key].shape) if key in local else None,
+                    "dtype": local[key].dtype if key in local else None,
+                    "replica": spec.replica, "replicas": spec.replicas, "policy": spec.policy,
+                    "pieces": [{"logical": p.logical, "local": region_to_dict(p.local),
+                                "target": region_to_dict(p.target)} for p in spec.pieces],
+                }
+                for key, spec in self.tensors.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "FragmentMap":
+        """A map from :meth:`to_dict`'s data; raises LayoutError naming the bad field."""
+        try:
+            logical = {str(n): LogicalTensor(str(n), _ints(t["shape"]), _word(t["dtype"]))
+                       for n, t in data["logical"].items()}
+            tensors, local = {}, {}
+            for key, t in data["tensors"].items():
+                pieces = tuple(ShardPiece(str(p["logical"]), region_from_dict(p["local"]), region_from_dict(p["target"]))
+                               for p in t["pieces"])
+                tensors[key] = TensorSpec(str(key), pieces, _int(t.get("replica", 0)), _int(t.get("replicas", 1)),
+                                          str(t.get("policy", "check-equal")))
+                if t.get("shape") is not None:
+                    local[key] = LocalTensor(str(key), _ints(t["shape"]), _word(t.get("dtype")))
+            fmap = cls(rank=_int(data["rank"]), logical=logical, tensors=tensors, local=local)
+        except LayoutError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, ManifestError) as err:
+            raise LayoutError(f"not a fragment map: {type(err).__name__}: {err}") from None
+        fmap.validate()
+        return fmap
 
     def validate(self) -> None:
         """Check that every piece names a known logical tensor and fits in it."""
@@ -122,3 +184,21 @@ class FragmentMap:
                     region_pieces(piece.target, shape)
                 except ValueError as err:
                     raise LayoutError(f"tensor {spec.key!r} -> {piece.logical!r}: {err}") from None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    if not isinstance(values, list):
+        raise TypeError(f"expected a list of integers, got {values!r}")
+    return tuple(_int(v) for v in values)
+
+
+def _word(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value

@@ -61,6 +61,12 @@ def hf_llama_logical(*, layers=2, hidden=8, heads=4, kv_heads=2, vocab=50, ffn=1
     return out
 
 
+def hf_llama_params(*, layers=2, hidden=8, heads=4, kv_heads=2, vocab=50, ffn=12) -> dict:
+    """The hf-llama preset's parameters for :func:`hf_llama_logical` with the same arguments."""
+    return dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                vocab_size=vocab, intermediate_size=ffn)
+
+
 def deepspeed_logical(*, seed=0, states=("fp32", "exp_avg", "exp_avg_sq")) -> dict[str, torch.Tensor]:
     """The fixtures' tiny model: embedding 101x32, one block, final norm, head."""
     g = torch.Generator().manual_seed(seed)
@@ -103,6 +109,7 @@ def models():
     class Models:
         megatron = staticmethod(megatron_logical)
         hf_llama = staticmethod(hf_llama_logical)
+        hf_llama_params = staticmethod(hf_llama_params)
         deepspeed = staticmethod(deepspeed_logical)
         check_pair = staticmethod(check_layout_pair)
 

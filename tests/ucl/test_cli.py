@@ -70,7 +70,8 @@ def test_presets_with_parameters_check_on_a_preset(tmp_path, capsys, models):
     tensors = models.megatron(layers=2, hidden=8, heads=4, kv_heads=2, vocab=50, ffn=8, states=("exp_avg",))
     shapes.write_text(json.dumps({n: list(t.shape) for n, t in tensors.items()}))
     argv = ["ucl", "check", "megatron-gpt", "--layout", "tp=2,pp=2,dp=2", "--shapes", str(shapes),
-            "--param", "num_layers=2", "--param", "heads=4,kv_heads=2", "--param", "vocab_size=50",
+            "--param", "num_layers=2,hidden_size=8,ffn_hidden_size=8", "--param", "heads=4,kv_heads=2",
+            "--param", "vocab_size=50",
             "--param", "vocab_multiple=4", "--param", "states=exp_avg"]  # a one-item list parameter
     assert main(argv) == 0
     wrong = [a if a != "vocab_size=50" else "vocab_size=49" for a in argv]  # the true size disagrees
@@ -82,7 +83,7 @@ def test_presets_with_parameters_check_on_a_preset(tmp_path, capsys, models):
     assert main(refused) == 1
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert (finding["kind"], finding["message"]) == ("layout", (
-        "megatron-gpt.ucl:28: Megatron requires num_query_groups (2) to be divisible by the tensor parallel size (4): "
+        "megatron-gpt.ucl:36: Megatron requires num_query_groups (2) to be divisible by the tensor parallel size (4): "
         "each tp rank holds whole key/value groups, none is replicated across tp ranks"))
 
 
@@ -98,3 +99,52 @@ def test_check_against_a_real_checkpoint(tmp_path, capsys):
     assert main(["ucl", "check", str(prog), "--layout", "tp=3", "--against", path, "--json"]) == 1
     assert "(3, 12), the checkpoint has (3, 10)" in capsys.readouterr().out
     assert main(["ucl", "check", str(prog), "--layout", "tp=2", "--against", str(tmp_path / "nope")]) == 2
+
+
+BINARY = bytes(range(256)) * 4
+
+
+def test_binary_input_is_an_input_error_not_a_failed_check(files, tmp_path, capsys):
+    # a UnicodeDecodeError escaped before, and exit 1 means "the check failed"
+    prog, shapes = files
+    program = tmp_path / "blob.ucl"
+    program.write_bytes(BINARY)
+    assert main(["ucl", "check", str(program), "--layout", "tp=2", "--shapes", str(shapes)]) == 2
+    assert capsys.readouterr().err == (f"ucp ucl check: error: UCL program file {str(program)!r} is not UTF-8 text "
+                                       "(byte 128 is 0x80): pass a .ucl text file\n")
+    blob = tmp_path / "blob.json"
+    blob.write_bytes(BINARY)
+    assert main(["ucl", "check", str(prog), "--layout", "tp=2", "--shapes", str(blob)]) == 2
+    assert capsys.readouterr().err == f"ucp ucl check: error: {blob} is not a JSON text file (byte 128 is not UTF-8)\n"
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[" * 100000 + "]" * 100000, "cannot be read as a shapes file: RecursionError"),
+    ('{"w": [1e400]}', "tensor 'w': expected a shape like [4, 8], got [inf]"),
+    ('{"w": [' + "9" * 30 + "]}", "tensor 'w': expected a shape like [4, 8], got [999999999999999999999999999999]"),
+    ('{"w": {"shape": [2], "dtype": 5}}', "tensor 'w': expected a dtype name like \"float32\", got 5"),
+])
+def test_hostile_shapes_files_exit_2(files, tmp_path, capsys, content, message):
+    prog, _ = files
+    shapes = tmp_path / "hostile.json"
+    shapes.write_text(content)
+    assert main(["ucl", "check", str(prog), "--layout", "tp=2", "--shapes", str(shapes)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_fifo_or_a_directory_is_not_read_as_a_program(files, tmp_path, capsys):
+    import os
+
+    _, shapes = files
+    fifo = tmp_path / "pipe.ucl"
+    os.mkfifo(fifo)  # reading it would block forever
+    assert main(["ucl", "check", str(fifo), "--layout", "tp=2", "--shapes", str(shapes)]) == 2
+    assert "is not a regular file: pass a .ucl text file" in capsys.readouterr().err
+    assert main(["ucl", "check", str(prog_dir := tmp_path / "d.ucl"), "--layout", "tp=2", "--shapes", str(shapes)]) == 2
+    assert f"UCL program file {str(prog_dir)!r} does not exist" in capsys.readouterr().err
+
+
+def test_a_layout_too_large_to_walk_exits_2_at_once(files, capsys):
+    prog, shapes = files
+    assert main(["ucl", "check", str(prog), "--layout", "dp=1000000000", "--shapes", str(shapes)]) == 2
+    assert "layout dp=1000000000 is larger than the 1048576 this library supports" in capsys.readouterr().err

@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["ucl.bind", "ucl.check", "ucl.env", "ucl.expr", "ucl.flat", "ucl.parser", "ucl.pattern", "ucl.simulate"]
+MODULES = ["ucl.bind", "ucl.check", "ucl.env", "ucl.expr", "ucl.flat", "ucl.names", "ucl.parser", "ucl.pattern",
+           "ucl.simulate"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -70,8 +70,8 @@ def load_rank(path, program, layout: Layout, rank: int):
     ("tp=4,pp=1,dp=2,ep=2", "tp=1,pp=3,vpp=2,dp=2,zero=1"),
 ])
 def test_megatron_save_under_a_load_under_b_through_the_engine(tmp_path, models, a, b):
-    program = ucl.load_program("megatron-gpt", num_layers=6, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4,
-                               num_experts=4)
+    program = ucl.load_program("megatron-gpt", num_layers=6, hidden_size=16, ffn_hidden_size=16, heads=8, kv_heads=4,
+                               vocab_size=50, vocab_multiple=4, num_experts=4)
     tensors = models.megatron(layers=6, hidden=16, heads=8, kv_heads=4, vocab=50, ffn=16, experts=4)
     path = str(tmp_path / "ckpt")
     save_all(path, program, Layout.parse(a), tensors)
@@ -92,8 +92,8 @@ def test_megatron_save_under_a_load_under_b_through_the_engine(tmp_path, models,
 def test_megatron_tied_embeddings_with_the_distributed_optimizer_through_the_engine(tmp_path, models):
     # The last stage's output layer and its flat-buffer states are replicas of the embedding's: on disk
     # there is one embedding (and one of each state), written by the first stage, loaded by both ends.
-    program = ucl.load_program("megatron-gpt", num_layers=4, heads=8, kv_heads=2, vocab_size=50, vocab_multiple=4,
-                               tie_embeddings=1)
+    program = ucl.load_program("megatron-gpt", num_layers=4, hidden_size=16, ffn_hidden_size=16, heads=8, kv_heads=2,
+                               vocab_size=50, vocab_multiple=4, tie_embeddings=1)
     tensors = models.megatron(layers=4, hidden=16, heads=8, kv_heads=2, vocab=50, ffn=16, tie=1)
     path = str(tmp_path / "ckpt")
     lay_a = Layout.parse("tp=2,pp=2,dp=2,zero=1")
@@ -183,8 +183,8 @@ def test_loading_one_rank_reads_only_its_shard_within_a_memory_budget(tmp_path):
 
 def test_load_returns_exactly_the_ranks_local_tensors(tmp_path, models):
     # hf-llama with an even vocabulary: no padding, so the engine can size every local tensor itself
-    program = ucl.load_program("hf-llama", vocab_size=48)
-    tensors = models.hf_llama(vocab=48)
+    program = ucl.load_program("hf-llama", **models.hf_llama_params(vocab=48, kv_heads=4))
+    tensors = models.hf_llama(vocab=48, kv_heads=4)
     path = str(tmp_path / "ckpt")
     save_all(path, program, Layout.parse("tp=2,dp=2"), tensors)
     target = Layout.parse("tp=4,cp=2")

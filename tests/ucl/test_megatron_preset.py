@@ -21,7 +21,8 @@ from ucl.simulate import gather, place
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor
 
-PARAMS = dict(num_layers=4, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4, tie_embeddings=1)
+PARAMS = dict(num_layers=4, hidden_size=16, ffn_hidden_size=16, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4,
+              tie_embeddings=1)
 EMB = "embedding.word_embeddings.weight"
 
 
@@ -102,16 +103,16 @@ def test_checker_accepts_tied_embeddings_with_the_distributed_optimizer(models):
         "rule 'optim/step' matched nothing on any rank of tp=2,pp=3,dp=2,zero=1"]
 
 
-KV_RULE = ("megatron-gpt.ucl:28: Megatron requires num_query_groups ({kv}) to be divisible by the tensor parallel "
+KV_RULE = ("megatron-gpt.ucl:36: Megatron requires num_query_groups ({kv}) to be divisible by the tensor parallel "
            "size ({tp}): each tp rank holds whole key/value groups, none is replicated across tp ranks")
 LAYOUT_REFUSALS = [
     # (heads, kv_heads, experts, layout, the checker's finding or None when Megatron accepts the layout)
     (8, 2, 0, "tp=4", KV_RULE.format(kv=2, tp=4)),
     (8, 1, 0, "tp=2,dp=2", KV_RULE.format(kv=1, tp=2)),
     (6, 3, 0, "tp=2", KV_RULE.format(kv=3, tp=2)),        # uneven groups: Megatron does not split them either
-    (8, 3, 0, "tp=1", "megatron-gpt.ucl:27: Megatron requires num_attention_heads (8) to be a multiple of "
+    (8, 3, 0, "tp=1", "megatron-gpt.ucl:35: Megatron requires num_attention_heads (8) to be a multiple of "
                       "num_query_groups (3)"),
-    (8, 4, 4, "dp=3,ep=3", "megatron-gpt.ucl:29: Megatron requires num_moe_experts (4) to be divisible by the "
+    (8, 4, 4, "dp=3,ep=3", "megatron-gpt.ucl:37: Megatron requires num_moe_experts (4) to be divisible by the "
                            "expert parallel size (3)"),
     (8, 4, 0, "tp=4", None),                              # tp == kv_heads: one group per rank
     (8, 2, 0, "tp=2,pp=2", None),
@@ -122,7 +123,8 @@ LAYOUT_REFUSALS = [
 @pytest.mark.parametrize("heads,kv,experts,layout,finding", LAYOUT_REFUSALS,
                          ids=[f"h{h},kv{k},e{e},{lay}" for h, k, e, lay, _ in LAYOUT_REFUSALS])
 def test_layouts_megatron_refuses_are_reported_with_its_rule(models, heads, kv, experts, layout, finding):
-    params = dict(num_layers=2, heads=heads, kv_heads=kv, vocab_size=50, vocab_multiple=4, num_experts=experts)
+    params = dict(num_layers=2, hidden_size=heads * 2, ffn_hidden_size=8, heads=heads, kv_heads=kv, vocab_size=50,
+                  vocab_multiple=4, num_experts=experts)
     tensors = models.megatron(layers=2, hidden=heads * 2, heads=heads, kv_heads=kv, vocab=50, ffn=8, experts=experts,
                               states=("exp_avg",))
     meta = {n: LogicalTensor(n, tuple(t.shape), "float32") for n, t in tensors.items()}

@@ -72,7 +72,7 @@ ERRORS = [
      "m.ucl:2:16: expected a call of one of min, max, ceil_div, stage_start, stage_layers, len\n"
      "    tensor a -> b.{open(i)}\n                   ^"),
     ("ucl 1\nsplit dim 0 over tp\n",
-     "m.ucl:2:1: expected a statement (ucl, param, let, require, tensor, flat, also, view), found 'split'\n"
+     "m.ucl:2:1: expected a statement (ucl, param, setting, let, require, tensor, flat, also, view), found 'split'\n"
      "    split dim 0 over tp\n    ^"),
     ("ucl 1\ntensor a\n",
      "m.ucl:2:9: expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)\n    tensor a\n            ^"),
@@ -141,10 +141,10 @@ def test_unknown_names_are_syntax_errors_at_the_expression():
     with pytest.raises(UclSyntaxError) as info:
         parse("ucl 1\ntensor layers.{i}.w -> layers.{i + pp.rnak}.w\n", filename="m.ucl")
     assert str(info.value) == (
-        "m.ucl:2:32: unknown name 'pp.rnak' in 'i + pp.rnak': expected a parameter, a let, a capture of this rule "
+        "m.ucl:2:36: unknown name 'pp.rnak' in 'i + pp.rnak': expected a parameter, a let, a capture of this rule "
         "or a layout variable (tp.rank, pp.size, zero.stage, ...)\n"
         "    tensor layers.{i}.w -> layers.{i + pp.rnak}.w\n"
-        "                                   ^")
+        "                                       ^")
 
 
 def test_require_names_are_checked_in_the_condition_and_in_message_holes():
@@ -159,3 +159,67 @@ def test_require_names_are_checked_in_the_condition_and_in_message_holes():
     (req,) = prog.requires
     assert (req.line, req.condition.text, req.message) == (3, "kv % tp.size == 0", "kv ({kv}) over tp ({tp.size})")
 
+
+
+NAME_ERRORS = [
+    # typos the parser must catch, wherever the expression is (each parsed silently before)
+    ("ucl 1\nlet stage = v * pp.size + pp.rnak\n",
+     "m.ucl:2:27: unknown name 'pp.rnak' in 'v * pp.size + pp.rnak': expected a parameter, a let, a layout "
+     "variable (tp.rank, pp.size, zero.stage, ...) or a capture of the rules that use this let"),
+    ("ucl 1\nlet layer = stage_start(pp.rank) + j\ntensor l.{i}.w -> l.{layer}.w\n",
+     "m.ucl:2:36: unknown name 'j' in 'stage_start(pp.rank) + j': expected a parameter, a let, a layout variable "
+     "(tp.rank, pp.size, zero.stage, ...) or a capture of the rules that use this let"),
+    ("ucl 1\nlet layer = i + 1\ntensor a.{i}.w -> a.{layer}.w\ntensor b.{k}.w -> b.{layer}.w\n",
+     "m.ucl:4:22: let 'layer' reads 'i', which is not a capture of the rule at line 4 (its captures: ['k'])"),
+    ("ucl 1\nparam kv = heds\nparam heads = 4\n",
+     "m.ucl:2:12: unknown name 'heds' in 'heds': a parameter's default may read the parameters declared above it "
+     "and layout variables (tp.size, pp.size, ...)"),
+    ("ucl 1\nparam order = []\nflat f -> {name}\n  order by ordr\n",
+     "m.ucl:3:1: 'order by ordr' needs a list parameter 'ordr' (the members' logical names in the model's order): "
+     "declare 'param ordr = []'"),
+    ("ucl 1\nparam states = [a]\ntensor opt/{s:state}/w -> w/{s}\n",
+     "m.ucl:3:1: capture {s:state} needs a list parameter 'state': declare 'param state = [a, b]'"),
+    ("ucl 1\nparam heads\nview q = canonical.q rope heads hedas\n",
+     "m.ucl:3:33: unknown name 'hedas' in 'hedas': expected a parameter or a let"),
+    ("ucl 1\ntensor a -> b\nalso opt/{key} -> {name}/m where zero.stgae == 0\n",
+     "m.ucl:3:34: unknown name 'zero.stgae' in 'zero.stgae == 0': expected a parameter, a let, a capture of this "
+     "rule or a layout variable (tp.rank, pp.size, zero.stage, ...)"),
+    ("ucl 1\ntensor a -> b\n  shape [hidden, 4]\n",
+     "m.ucl:3:10: unknown name 'hidden' in 'hidden': expected a parameter, a let, a capture of this rule or a "
+     "layout variable (tp.rank, pp.size, zero.stage, ...)"),
+    ("ucl 1\nparam n\nsetting n = 2\n", "m.ucl:3:9: parameter 'n' is declared twice"),
+    ("ucl 1\nlet x = 1\nlet x = 2\n", "m.ucl:3:5: let 'x' is defined twice"),
+]
+
+SHAPE_ERRORS = [
+    ("ucl 1\ntensor a -> b\n  shape 4, 4\n",
+     "m.ucl:3:9: expected '[' after 'shape' (a shape such as [hidden, heads * head_dim])"),
+    ("ucl 1\ntensor a -> b\n  shape [4, 4\n", "m.ucl:3:9: expected ']' to close the shape"),
+    ("ucl 1\ntensor a -> b\n  shape [4]\n  shape [4]\n", "m.ucl:4:3: the rule declares its shape twice"),
+    ("ucl 1\ntensor a\n  fuse dim 0\n    part x\n  shape [4]\n",
+     "m.ucl:5:3: a fused tensor declares each part's shape on its 'part' line: part NAME shape [...]"),
+    ("ucl 1\ntensor a -> b\n  shape [4, 4.5]\n", "m.ucl:3:13: expected an integer, found 4.5"),
+]
+
+
+@pytest.mark.parametrize("source, message", NAME_ERRORS + SHAPE_ERRORS,
+                         ids=[m.split(": ", 1)[1][:40] for _, m in NAME_ERRORS + SHAPE_ERRORS])
+def test_names_and_shapes_are_checked_at_parse_time_everywhere(source, message):
+    with pytest.raises(UclSyntaxError) as info:
+        parse(source, filename="m.ucl")
+    assert str(info.value).splitlines()[0] == message
+
+
+def test_shapes_settings_and_parts_parse():
+    prog = parse("ucl 1\nparam h\nparam heads\nsetting states = [m]\n"
+                 "tensor qkv\n  fuse dim 0 groups 2\n    part q weight heads // 2 shape [heads * 2, h]\n"
+                 "    part k shape [max(h, 2), h]\n  split dim 0 over tp\n"
+                 "tensor n -> n\n  shape []\nalso opt/{s:states}/{key} -> {name}/{s}\n", filename="m.ucl")
+    fused, norm = prog.rules[:2]
+    assert [[e.text for e in p.shape] for p in fused.fuse.parts] == [["heads * 2", "h"], ["max(h, 2)", "h"]]
+    assert fused.fuse.parts[0].weight.text == "heads // 2"
+    assert norm.shape == ()
+    assert prog.settings == frozenset({"states"}) and set(prog.params) == {"h", "heads", "states"}
+    derived = [r for r in prog.rules if r.derived]  # optimizer states keep their parameter's declared shapes
+    assert [r.declared_shapes for r in derived][1] == ((),)
+    assert [[e.text for e in s] for s in derived[0].declared_shapes] == [["heads * 2", "h"], ["max(h, 2)", "h"]]

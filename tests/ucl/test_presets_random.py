@@ -46,7 +46,8 @@ MEGATRON_CASES = _megatron_cases(14)
                          ids=[f"{a}->{b},kv{k}{',moe' if e else ''}{',tied' if t else ''}"
                               for a, b, e, t, k in MEGATRON_CASES])
 def test_megatron_gpt_random_layout_pairs(a, b, experts, tie, kv_heads, models):
-    params = dict(num_layers=6, heads=8, kv_heads=kv_heads, vocab_size=50, vocab_multiple=4, num_experts=experts,
+    params = dict(num_layers=6, hidden_size=16, ffn_hidden_size=16, heads=8, kv_heads=kv_heads, vocab_size=50,
+                  vocab_multiple=4, num_experts=experts,
                   tie_embeddings=tie)
     tensors = models.megatron(layers=6, hidden=16, heads=8, kv_heads=kv_heads, vocab=50, ffn=16, experts=experts,
                               tie=tie)
@@ -70,7 +71,8 @@ HF_CASES = [tuple(Layout(tp=_HF_RNG.choice([1, 2, 4]), dp=_HF_RNG.choice([1, 2, 
 
 @pytest.mark.parametrize("a,b", HF_CASES, ids=[f"{a}->{b}" for a, b in HF_CASES])
 def test_hf_llama_random_layout_pairs(a, b, models):
-    models.check_pair("hf-llama", a, b, models.hf_llama(), {"vocab_size": 50})
+    # 4 key/value heads: Hugging Face tensor parallelism needs them to divide over tp (1, 2, 4)
+    models.check_pair("hf-llama", a, b, models.hf_llama(kv_heads=4), models.hf_llama_params(kv_heads=4))
 
 
 @pytest.mark.parametrize("a,b", [("tp=1", "tp=4"), ("tp=2,dp=2", "tp=1")])
@@ -78,16 +80,18 @@ def test_meta_llama_layout_pairs(a, b, models):
     g = torch.Generator().manual_seed(0)
     shapes = {"tok_embeddings.weight": (50, 8), "output.weight": (48, 8), "norm.weight": (8,),
               "layers.0.attention_norm.weight": (8,), "layers.0.ffn_norm.weight": (8,),
-              "layers.0.attention.wq.weight": (8, 8), "layers.0.attention.wk.weight": (4, 8),
-              "layers.0.attention.wv.weight": (4, 8), "layers.0.attention.wo.weight": (8, 8),
+              "layers.0.attention.wq.weight": (16, 8), "layers.0.attention.wk.weight": (8, 8),
+              "layers.0.attention.wv.weight": (8, 8), "layers.0.attention.wo.weight": (8, 16),
               "layers.0.feed_forward.w1.weight": (12, 8), "layers.0.feed_forward.w3.weight": (12, 8),
               "layers.0.feed_forward.w2.weight": (8, 12)}
     tensors = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
-    models.check_pair("meta-llama", Layout.parse(a), Layout.parse(b), tensors, {"heads": 4, "kv_heads": 2})
+    # 8 heads of 2 rows, 4 key/value heads: both divide over tp=4 (fairscale's n_heads // mp)
+    models.check_pair("meta-llama", Layout.parse(a), Layout.parse(b), tensors, {"heads": 8, "kv_heads": 4})
 
 
 def test_megatron_every_feature_at_once_against_a_single_rank(models):
     """tp=2, pp=2 with vpp=2, dp=4 with ep=2, cp=2, distributed optimizer, experts -> one rank."""
-    params = dict(num_layers=4, heads=8, kv_heads=4, vocab_size=50, vocab_multiple=4, num_experts=4)
+    params = dict(num_layers=4, hidden_size=16, ffn_hidden_size=16, heads=8, kv_heads=4, vocab_size=50,
+                  vocab_multiple=4, num_experts=4)
     tensors = models.megatron(layers=4, hidden=16, heads=8, kv_heads=4, vocab=50, ffn=16, experts=4)
     models.check_pair("megatron-gpt", Layout(tp=2, pp=2, vpp=2, dp=4, ep=2, cp=2, zero=1), Layout(), tensors, params)

@@ -83,7 +83,7 @@ def test_ucl_program_save_and_reshard(tmp_path):
         ucp.save(local, tmp_path / "c", program=UCL, layout="tp=2", rank=rank, world_size=2)
     ucp.finalize(tmp_path / "c", world_size=2)
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
-    assert manifest["program"] == UCL and manifest["layout"]["tp"] == 2
+    assert manifest["program"]["text"] == UCL and manifest["layout"]["tp"] == 2
     assert len(manifest["tensors"]["b"]["fragments"]) == 1  # replicated: written once
     out = ucp.load(tmp_path / "c", program=UCL, layout="tp=4", rank=3)
     assert torch.equal(out["w"], full_w[6:8]) and torch.equal(out["b"], b) and out["step"] == 9

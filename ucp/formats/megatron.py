@@ -64,17 +64,20 @@ def program_params(args: Any) -> dict:
         return getattr(args, name, default)
 
     heads = arg("num_attention_heads")
-    if not arg("num_layers") or not heads:
-        raise FormatError("the checkpoint's args lack num_layers/num_attention_heads; pass program= explicitly")
+    if not arg("num_layers") or not heads or not arg("hidden_size") or not arg("ffn_hidden_size"):
+        raise FormatError("the checkpoint's args lack num_layers/num_attention_heads/hidden_size/ffn_hidden_size; "
+                          "pass program= explicitly")
     if arg("decoder_first_pipeline_num_layers") or arg("decoder_last_pipeline_num_layers"):
         raise FormatError("uneven pipeline stages (decoder_first/last_pipeline_num_layers) need an explicit "
                           "program with stage_layers_list")
     padded = arg("padded_vocab_size")
+    sizes = {"hidden_size": arg("hidden_size"), "ffn_hidden_size": arg("ffn_hidden_size")}
+    sizes.update({k: arg(k) for k in ("kv_channels", "moe_ffn_hidden_size") if arg(k)})  # else the preset derives them
     return {"num_layers": arg("num_layers"), "heads": heads,
             "kv_heads": arg("num_query_groups") if arg("group_query_attention") else heads,
             "vocab_size": arg("vocab_size") or padded, "vocab_multiple": arg("make_vocab_size_divisible_by", 128),
             "tie_embeddings": 0 if arg("untie_embeddings_and_output_weights", False) else 1,
-            "num_experts": arg("num_experts") or 0}
+            "num_experts": arg("num_experts") or 0, **sizes}
 
 
 class MegatronReader:

@@ -1,0 +1,88 @@
+"""`ucp place eval | forecast | train` end to end: exit codes, the exact JSON schema, the plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.cli import main
+
+DATA = Path(__file__).parent / "data"
+POLICIES = ["greedy", "group", "rack-aware", "rl", "static-random"]
+METRICS = ["data_loss_events", "mean_recovery_s", "remote_share", "storage_bytes", "storage_utilization"]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("place")
+    out, png = tmp / "eval.json", tmp / "eval.png"
+    code = main(["place", "eval", "--intervals", "40", "--pretrain-intervals", "300", "--families",
+                 "correlated-rack,log-replay", "--logs", str(DATA / "synthetic-analysis.json"), "--json", str(out),
+                 "--plot", str(png), "--quiet"])
+    return code, json.loads(out.read_text()), png
+
+
+def test_eval_json_is_exactly_the_documented_schema(evaluated):
+    code, report, _ = evaluated
+    assert code == 0
+    assert list(report) == ["scenarios"]
+    assert sorted(report["scenarios"]) == ["correlated-rack", "log-replay"]
+    for rows in report["scenarios"].values():
+        assert sorted(rows) == POLICIES
+        for metrics in rows.values():
+            assert sorted(metrics) == METRICS
+            assert isinstance(metrics["data_loss_events"], int)
+            assert 0 <= metrics["remote_share"] <= 1 and 0 <= metrics["storage_utilization"] <= 1
+            assert metrics["storage_bytes"] <= 2 * 16 * 64e9  # never above the budget
+
+
+def test_eval_plot_is_a_png(evaluated):
+    assert evaluated[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_prints_the_table(capsys):
+    code = main(["place", "eval", "--intervals", "20", "--pretrain-intervals", "200", "--families", "lemon",
+                 "--no-online"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "lemon:" in out and "static-random" in out and "than the best heuristic" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["place", "eval", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
+                                                "independent, correlated-rack, lemon, log-replay"),
+    (["place", "eval", "--intervals", "0"], "ucp place: error: --intervals, --replicas and --pretrain-intervals "
+                                            "must be >= 1"),
+    (["place", "eval", "--cluster", "nodes=x"], "ucp place: error: cluster spec 'nodes=x': nodes needs a number, "
+                                                "got 'x'"),
+    (["place", "eval", "--families", "log-replay", "--logs", "/nonexistent.json", "--pretrain-intervals", "50",
+      "--intervals", "5"], "ucp place: error: /nonexistent.json: cannot read (No such file or directory)"),
+])
+def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_forecast_command(tmp_path):
+    out = tmp_path / "f.json"
+    assert main(["place", "forecast", "--intervals", "300", "--pretrain-intervals", "300", "--json", str(out),
+                 "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert sorted(report) == ["correlated-rack", "independent", "lemon", "log-replay"]
+    assert all({"roc_auc", "brier", "ece"} <= set(m) for m in report.values())
+
+
+def test_train_command_writes_a_loadable_policy(tmp_path):
+    out = tmp_path / "p.zip"
+    assert main(["place", "train", "--timesteps", "1024", "--intervals", "100", "--pretrain-intervals", "100",
+                 "--out", str(out), "--quiet"]) == 0
+    from replication.rl_policy import RLPolicy
+
+    assert RLPolicy.load(out, online=False).max_nodes == 32
+
+
+def test_place_without_action_prints_help(capsys):
+    assert main(["place"]) == 2
+    assert "eval" in capsys.readouterr().out
