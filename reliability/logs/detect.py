@@ -37,7 +37,8 @@ from reliability.logs.header import CRITICAL, DEBUG, ERROR, INFO, WARNING
 # identifiers count too: ERROR_FILE_NOT_FOUND, io_error, onConnectionFailed.
 _W = "(?![A-Za-z])"  # the end of a whole word
 _FAILURE = re.compile(
-    r"(?:(?<![A-Za-z])|(?-i:(?<=[a-z])(?=[A-Z])))(?:fail|error|err" + _W + r"|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|"
+    r"(?:(?<![A-Za-z])|(?-i:(?<=[a-z])(?=[A-Z])))"  # a word's start: after a non-letter, or camel case
+    r"(?:fail|error|err" + _W + r"|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|"
     r"exception|timed? ?out|timeout|unreachable|not reachable|refused|lost" + _W + r"|loss of|dead" + _W + r"|"
     r"deadlock|corrupt|killed|kill(?:ing)? process|terminat|not respond|no (?:answer|response|reply)|not answer|"
     r"unresponsive|unable|cannot|can't|could not|couldn't|bad" + _W + r"|invalid|unavailable|broken|"
