@@ -34,7 +34,7 @@ from functools import lru_cache, partial
 import numpy as np
 
 from reliability.logs.detect import Detector, TemplateStats
-from reliability.logs.discover import DiscoveredCategory, FlaggedTemplate, discover_categories
+from reliability.logs.discover import MAX_OCCURRENCES, DiscoveredCategory, FlaggedTemplate, discover_categories
 from reliability.logs.header import SEVERITY_NAMES
 from reliability.logs.incidents import Incident, LemonNode, build_incidents, lemon_nodes
 from reliability.logs.masking import mask
@@ -42,7 +42,8 @@ from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_
 from reliability.logs.miner import TemplateMiner
 from reliability.logs.parallel import run_in_process
 from reliability.logs.records import Event, InputCounters
-from reliability.logs.scan import DEFAULT_SPLIT_BYTES, PartialScan, Partition, plan_partitions, scan_partition
+from reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, Partition, gc_paused,
+                                   plan_partitions, scan_partition)
 from reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
 from reliability.logs.template_state import TemplateSet
 
@@ -205,10 +206,11 @@ def analyze_logs(paths: Iterable[str], *, taxonomy: Taxonomy | None = None, stat
     taxonomy = taxonomy or load_taxonomy()
     partitions = plan_partitions(paths, split_bytes=options.split_bytes)
     scan = partial(scan_partition, taxonomy=taxonomy, default_year=options.default_year)
-    scans = (run or run_in_process)(partitions, scan, progress=progress)
-    known = TemplateSet.load(state_path) if state_path else TemplateSet()
-    result = summarize(merge_scans(scans), taxonomy=taxonomy, templates=known, options=options,
-                       detector=detector or Detector.load())
+    with gc_paused():
+        scans = (run or run_in_process)(partitions, scan, progress=progress)
+        known = TemplateSet.load(state_path) if state_path else TemplateSet()
+        result = summarize(merge_scans(scans), taxonomy=taxonomy, templates=known, options=options,
+                           detector=detector or Detector.load())
     if state_path:
         known.save(state_path)
     return result
@@ -261,7 +263,7 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
         if verdict is not None:
             verdicts[key] = verdict
             methods[verdict.method] = methods.get(verdict.method, 0) + 1
-    discovered = _discover(unknown, templates=templates, taxonomy=taxonomy)
+    discovered = _discover(unknown, templates=templates, taxonomy=taxonomy, drafts=merged.drafts)
     for cat in discovered:
         for tid in cat.template_ids:
             for key, _info, p in unknown[tid]:
@@ -270,10 +272,20 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     return template_of, verdicts, tuple(discovered), methods
 
 
-def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy) -> list[DiscoveredCategory]:
+def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy,
+              drafts: list) -> list[DiscoveredCategory]:
     if not unknown:
         return []
     model = _domain_model(taxonomy)
+    # When and where each template's lines fired: mined categories group templates that fire together.
+    template_of_key = {key: tid for tid, members in unknown.items() for key, _, _ in members}
+    occurrences: dict[int, list] = {}
+    for _file, _line, ts, node, _job, key, _message in drafts:
+        tid = template_of_key.get(key)
+        if tid is not None and ts is not None and node is not None:
+            seen = occurrences.setdefault(tid, [])
+            if len(seen) < MAX_OCCURRENCES:
+                seen.append((ts, node))
 
     def domain_of(text: str) -> tuple[str, float]:
         probs = model.probabilities(mask(text))
@@ -286,7 +298,7 @@ def _discover(unknown: dict, *, templates: TemplateSet, taxonomy: Taxonomy) -> l
         nodes = sorted({n for _, info, _ in members for n in info.nodes})
         flagged.append(FlaggedTemplate(template_id=tid, text=templates.get(tid).text,
                                        lines=sum(info.count for _, info, _ in members), nodes=tuple(nodes),
-                                       examples=examples))
+                                       examples=examples, occurrences=tuple(sorted(occurrences.get(tid, ())))))
     return discover_categories(flagged, domain_of=domain_of, taken=(c.path for c in taxonomy.categories))
 
 
@@ -299,14 +311,15 @@ def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     for key, info in merged.keys.items():
         cat = verdicts[key].category
         line_categories[cat] = line_categories.get(cat, 0) + info.count
-    drafts = []
-    for file, line, ts, node, job, key, message in merged.drafts:
-        verdict = verdicts[key]
+    # What every failure line of a key shares, worked out once per key rather than per line.
+    stamps = {}
+    for key, verdict in verdicts.items():
         if verdict.is_failure:
             severity = merged.keys[key].severity
-            drafts.append(_Draft(file, line, ts, node, job, verdict.category, template_of[key], verdict.confidence,
-                                 message, None if severity is None else SEVERITY_NAMES[severity],
-                                 verdict.discovered))
+            stamps[key] = (verdict.category, template_of[key], verdict.confidence,
+                           None if severity is None else SEVERITY_NAMES[severity], verdict.discovered)
+    drafts = [_Draft(file, line, ts, node, job, s[0], s[1], s[2], message, s[3], s[4])
+              for file, line, ts, node, job, key, message in merged.drafts if (s := stamps.get(key)) is not None]
     incidents, member = build_incidents(drafts, taxonomy=taxonomy, window_s=options.window_s)
     events = tuple(Event(*e, member[i]) for i, e in enumerate(drafts))
     first, last = merged.first, merged.last

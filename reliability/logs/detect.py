@@ -32,17 +32,33 @@ from importlib import resources
 from reliability.logs.errors import TaxonomyError
 from reliability.logs.header import CRITICAL, DEBUG, ERROR, INFO, WARNING
 
-# Words that report something going wrong, whatever the system (stems; matched on word starts).
+# Words that report something going wrong, whatever the system (stems; matched on word starts). A word
+# starts after anything but a letter, or at a capital after a small letter (camel case), so words inside
+# identifiers count too: ERROR_FILE_NOT_FOUND, io_error, onConnectionFailed.
+_W = "(?![A-Za-z])"  # the end of a whole word
 _FAILURE = re.compile(
-    r"\b(?:fail|error|err\b|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|exception|"
-    r"timed? ?out|timeout|unreachable|not reachable|refused|lost\b|loss of|dead\b|deadlock|corrupt|killed|"
-    r"kill(?:ing)? process|terminat|not respond|no (?:answer|response|reply)|not answer|unresponsive|unable|"
-    r"cannot|can't|could not|couldn't|bad\b|invalid|unavailable|broken|\bdown\b|offline|hung|hang\b|stuck|"
-    r"overflow|violation|mismatch|degraded|critical|exceed|missing|no such|not found|denied|reject|"
-    r"discard|drop(?:ped|ping)?\b|fault|trap|assert|halt|shutdown|stop(?:ped|ping) execution|severed|"
-    r"disconnect|reset|retry|retrying|unexpected|illegal|over ?limit|overheat|too (?:many|high|hot)|out of|"
-    r"insufficient|exhaust|abnormal|problem|unhealthy|evict|preempt|throttl)",
+    r"(?:(?<![A-Za-z])|(?-i:(?<=[a-z])(?=[A-Z])))"  # a word's start: after a non-letter, or camel case
+    r"(?:fail|error|err" + _W + r"|errno|fatal|panic|abort|crash|segfault|segmentation fault|oops|"
+    r"exception|timed? ?out|timeout|unreachable|not reachable|refused|lost" + _W + r"|loss of|dead" + _W + r"|"
+    r"deadlock|corrupt|killed|kill(?:ing)? process|terminat|not respond|no (?:answer|response|reply)|not answer|"
+    r"unresponsive|unable|cannot|can't|could not|couldn't|bad" + _W + r"|invalid|unavailable|broken|"
+    r"down" + _W + r"|offline|hung|hang" + _W + r"|stuck|overflow|violation|mismatch|degraded|critical|exceed|"
+    r"missing|no such|not found|denied|reject|discard|drop(?:ped|ping)?" + _W + r"|fault|trap|assert|halt|"
+    r"shutdown|stop(?:ped|ping) execution|severed|disconnect|reset|retry|retrying|unexpected|illegal|"
+    r"over ?limit|overheat|too (?:many|high|hot)|out of|insufficient|exhaust|abnormal|problem|unhealthy|evict|"
+    r"preempt|throttl)",
     re.IGNORECASE)
+# Error codes, which say "failure" in numbers and constants (read from the content: templates mask them).
+# Each convention is documented by its owner: COM/Windows HRESULTs with the failure bit set and E_
+# constants, POSIX errno names, negative return codes, HTTP 5xx server errors (4xx are the client's).
+_ERROR_CODE = re.compile(
+    r"(?i:\b(?:hresult|hr)\s*[=:]?\s*0x8[0-9a-f]{7}\b)"
+    r"|\b(?:[A-Z][A-Z0-9]*_)?E_[A-Z][A-Z0-9_]*\b"
+    r"|\bE(?:IO|NOENT|ACCES|PERM|TIMEDOUT|CONNREFUSED|CONNRESET|CONNABORTED|HOSTUNREACH|HOSTDOWN|NETUNREACH|"
+    r"NETDOWN|NOSPC|NOMEM|PIPE|BUSY|ROFS|STALE|REMOTEIO|NODEV|NXIO|BADF|FAULT|DQUOT|NOTCONN|SHUTDOWN|PROTO|"
+    r"MFILE|NFILE|NOEXEC|DEADLK|NOLCK|COMM|OVERFLOW|NOBUFS)\b"
+    r"|(?i:\b(?:rc|ret|retval|errno|return(?:ed)? code|returned)\s*[=:]?\s*-\d+\b)"
+    r"|(?i:\bstatus(?: code)?\s*[=:]?\s*5\d\d\b|\bHTTP/\d(?:\.\d)?\"?\s+5\d\d\b)")
 # Failure words that rarely appear in routine traffic.
 _STRONG = re.compile(
     r"\b(?:fatal|panic|crash|segfault|segmentation fault|oops|machine check|kernel terminated|core dump|"
@@ -103,14 +119,23 @@ class TemplateStats:
     total_nodes: int
 
 
-def line_evidence(content: str, *, severity: int | None) -> LineEvidence:
+def line_evidence(content: str, *, severity: int | None, raw: str | None = None) -> LineEvidence:
     """The text features of one line's content (its header already split off).
+
+    ``content`` is what the words are read from (the template text: words inside
+    values do not count); error codes are read from ``raw``, the content with its
+    values, when given.
 
     >>> e = line_evidence("instruction cache parity error corrected", severity=INFO)
     >>> (e.failure_words, e.strong, e.benign)
     (1, True, True)
+    >>> line_evidence("Opening store [HRESULT <*> - E_ACCESSDENIED]", severity=INFO,
+    ...               raw="Opening store [HRESULT = 0x80070005 - E_ACCESSDENIED]").failure_words
+    2
     """
     words = len(_FAILURE.findall(content))
+    if raw is not None:
+        words += len(_ERROR_CODE.findall(raw))
     return LineEvidence(
         severity=severity, failure_words=min(words, 3), strong=_STRONG.search(content) is not None,
         benign=_BENIGN.search(content) is not None, auth=_AUTH.search(content) is not None,

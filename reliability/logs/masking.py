@@ -38,18 +38,20 @@ def may_keep_numbers(message: str) -> bool:
     return "#" in message or has_decisive_number(message)
 
 
-def kept_numbers(text: str, start: int = 0) -> tuple[str, ...]:
-    """The digits :func:`mask` would keep in ``text[start:]``; lines of one shape with equal
-    kept numbers mask alike.
+def kept_spans(text: str, start: int = 0) -> tuple[tuple[int, int], ...]:
+    """Where the digits :func:`mask` would keep sit in ``text[start:]``.
 
-    >>> kept_numbers("Xid (PCI:0000:3b:00): 79, pid=12 relay=#7#")
-    ('79', '|', '7')
+    Lines of one shape (equal up to their digits) have them at the same
+    places, and lines of one shape whose kept digits are equal mask alike.
+
+    >>> text = "Xid (PCI:0000:3b:00): 79, pid=12 relay=#7#"
+    >>> [text[a:b] for a, b in kept_spans(text)]
+    ['79', '7']
     """
-    found = _DECISIVE_NUMBERS.findall(text, start)
-    found.append("|")
+    spans = [m.span(1) for m in _DECISIVE_NUMBERS.finditer(text, start)]
     if "#" in text:
-        found.extend(_AFTER_HASH.findall(text, start))
-    return tuple(found)
+        spans.extend(m.span(1) for m in _AFTER_HASH.finditer(text, start))
+    return tuple(spans)
 
 
 def mask(message: str) -> str:

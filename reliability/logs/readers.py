@@ -85,7 +85,8 @@ class LineShape:
     ``ts`` is None (no envelope: inherit the file's last stamp), False (an
     envelope without wall-clock time) or ``(convert, start, end)``; ``node``
     is a span or None (inherit the file's last node); ``msg_start`` is where
-    the message starts (None when the envelope rebuilds it, as loghub HPC does).
+    the message starts (None when the envelope rebuilds it, as loghub HPC does:
+    then ``msg_parts`` holds the spans it is rebuilt from, see :func:`rebuilt_message`).
     """
 
     source: str
@@ -94,6 +95,19 @@ class LineShape:
     msg_start: int | None
     keeps_node: bool  # the node read becomes the file's last node (not for Slurm's controller log)
     prefers_last_node: bool = False  # no envelope: the file's last node wins over one in the message
+    msg_parts: tuple[int, int, int, int, int] | None = None
+
+    def message_of(self, text: str) -> str | None:
+        """The message of a line of this shape (None when the shape cannot say)."""
+        if self.msg_start is not None:
+            return text[self.msg_start:]
+        return None if self.msg_parts is None else rebuilt_message(text, self.msg_parts)
+
+
+def rebuilt_message(text: str, parts: tuple[int, int, int, int, int]) -> str:
+    """loghub HPC's message: component and event as a bracketed context, then the text."""
+    a, b, c, d, e = parts
+    return f"[{text[a:b]} {text[c:d]}] {text[e:]}"
 
 
 class _StampCache:
@@ -220,7 +234,7 @@ class LineReader:
     # -- envelopes: each returns (timestamp, node, message) or None --------------------
     def _env_hpc(self, m):
         # component and event as a bracketed context: "[node status] not responding"
-        return float(m.group(5)), m.group(2), f"[{m.group(3)} {m.group(4)}] {m.group(7)}"
+        return float(m.group(5)), m.group(2), rebuilt_message(m.string, (*m.span(3), *m.span(4), m.start(7)))
 
     def _env_bluegene(self, m):
         return float(m.group(1)), m.group(2), m.group(3)
@@ -292,6 +306,22 @@ class LineReader:
         self._orders[first] = order
         return order
 
+    def _envelope(self, text: str, *, learn: bool = True):
+        """``(index, match, fields)`` of the first envelope that takes ``text``, or ``(None, None, None)``."""
+        first = text[:1]
+        order = self._orders.get(first)
+        if order is None:
+            order = self._order_for(first)
+        for i, idx in enumerate(order):
+            m = ENVELOPES[idx][1].fullmatch(text)
+            if m is not None:
+                result = self._handlers[idx](m)
+                if result is not None:
+                    if i and learn:  # this format first next time
+                        order.insert(0, order.pop(i))
+                    return idx, m, result
+        return None, None, None
+
     # -- shapes: lines that differ only in their digits are read alike -----------------
     def shape(self, text: str) -> "LineShape | None":
         """How to re-read any line shaped like ``text`` (same text up to its ASCII digits), or None.
@@ -302,19 +332,13 @@ class LineReader:
         those spans; re-reading a line is then slicing plus a cached timestamp
         conversion. Kubernetes JSON and rare envelopes give None (parse each line).
         """
-        first = text[:1]
-        order = self._orders.get(first) or self._order_for(first)
-        for idx in order:
-            m = ENVELOPES[idx][1].fullmatch(text)
-            if m is None:
-                continue
-            name = ENVELOPES[idx][0]
-            if self._handlers[idx](m) is None:
-                continue  # the envelope's own check refused it (e.g. not a month name)
-            break
-        else:
-            name, m = "generic", None
+        idx, m, _ = self._envelope(text, learn=False)
+        return self._shape_of(idx, m, text)
+
+    def _shape_of(self, idx: int | None, m, text: str) -> "LineShape | None":
+        name = "generic" if idx is None else ENVELOPES[idx][0]
         stamp = self._stamp
+        parts = None
         if name == "generic":
             ts, node, msg_start = None, None, 0
         elif name in ("hpc", "thunderbird", "bluegene"):
@@ -322,6 +346,8 @@ class LineReader:
             ts = (float, m.start(group), m.end(group))
             node = m.span({"hpc": 2, "thunderbird": 3, "bluegene": 2}[name])
             msg_start = None if name == "hpc" else m.start(4 if name == "thunderbird" else 3)
+            if name == "hpc":
+                parts = (*m.span(3), *m.span(4), m.start(7))
         elif name in ("slurm", "openstack"):
             ts, node, msg_start = (stamp.iso, *m.span(1)), None, m.start(2)
         elif name == "iso":
@@ -345,31 +371,24 @@ class LineReader:
         elif msg_start is None and node is None:
             return None
         return LineShape(source=name, ts=ts, node=node, msg_start=msg_start, keeps_node=name != "slurm",
-                         prefers_last_node=name == "generic")
+                         prefers_last_node=name == "generic", msg_parts=parts)
 
     def parse(self, file: str, lineno: int, text: str):
         """``(timestamp, node, job, message, source)`` for one line of ``file``."""
+        return self.parse_shaped(file, lineno, text, want_shape=False)[:5]
+
+    def parse_shaped(self, file: str, lineno: int, text: str, *, want_shape: bool = True):
+        """:meth:`parse`'s tuple plus the line's :meth:`shape` (None if it has none), from one envelope match."""
         if file != self.current_file:
             self.start_file(file)
-        result = None
-        source = "generic"
-        first = text[:1]
-        order = self._orders.get(first)
-        if order is None:
-            order = self._order_for(first)
-        for i, idx in enumerate(order):
-            m = ENVELOPES[idx][1].fullmatch(text)
-            if m is not None:
-                result = self._handlers[idx](m)
-                if result is not None:
-                    source = ENVELOPES[idx][0]
-                    if i:  # this format first next time
-                        order.insert(0, order.pop(i))
-                    break
+        idx, m, result = self._envelope(text)
+        shape = self._shape_of(idx, m, text) if want_shape else None
         counters = self.counters
         if result is None:
+            source = "generic"
             ts, node, message = self.last_ts, self.last_node, text
         else:
+            source = ENVELOPES[idx][0]
             ts, node, message = result
             if ts is None:
                 counters.bad_timestamp += 1
@@ -390,7 +409,7 @@ class LineReader:
                 node = self.last_node
         if node is not None and source != "slurm":
             self.last_node = node
-        return ts, node, self.job_of(message), message, source
+        return ts, node, self.job_of(message), message, source, shape
 
     def job_of(self, message: str) -> str | None:
         """The job id a message names (``JobId=``, ``StepId=``...), else the one in the file's name."""

@@ -22,22 +22,23 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from reliability.logs.detect import LineEvidence, line_evidence
 from reliability.logs.header import split_header
-from reliability.logs.inputs import expand_paths, iter_line_blocks, is_compressed
-from reliability.logs.masking import kept_numbers, mask, may_keep_numbers, template_tokens
-from reliability.logs.readers import LineReader, LineShape
+from reliability.logs.inputs import expand_paths, is_compressed, iter_line_blocks, shape_key
+from reliability.logs.masking import kept_spans, mask, may_keep_numbers, template_tokens
+from reliability.logs.readers import LineReader, LineShape, rebuilt_message
 from reliability.logs.records import InputCounters
 from reliability.logs.taxonomy import NORMAL, Taxonomy
 
 DEFAULT_SPLIT_BYTES = 256 << 20
 MAX_KEY_NODES = 64  # nodes remembered per key: enough to tell "a few nodes" from "everywhere"
-_EXACT_CACHE_MAX = 200_000
-_MASK_CACHE_MAX = 1_000_000
+_MESSAGE_SHAPE_CACHE_MAX = 200_000
 _SHAPE_CACHE_MAX = 200_000  # ~50 MB at most: GB-scale runs stay in bounded memory
 
 
@@ -110,8 +111,9 @@ def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int)
     """Everything the text of one line says (run once per masked key)."""
     severity, content = split_header(message)
     tokens = template_tokens(content)
-    # Judged on the template text: words inside paths and values ("/Logs/CrashReporter") do not count.
-    evidence = line_evidence(" ".join(tokens), severity=severity)
+    # Words are judged on the template text: words inside paths and values ("/Logs/CrashReporter") do not
+    # count; error codes (HRESULT = 0x8..., status: 503) on the content, which still has its values.
+    evidence = line_evidence(" ".join(tokens), severity=severity, raw=content)
     rule = taxonomy.match_rule(message)
     if rule is None:
         rule = taxonomy.match_template(masked)
@@ -122,17 +124,17 @@ def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int)
 
 _EMPTY = ("empty",)  # shape markers, compared by identity in the hot loop
 _SLOW = ("slow",)
-_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False)
-_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False)
+_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False, ())
+_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False, ())
 
 
 class _Shapes:
     """Shape key -> how to read lines of that shape, learned from each shape's first line.
 
     An entry is ``(convert, ts_start, ts_end, node_start, node_end, keeps_node,
-    hit, msg_start, prefers_last_node)``: the slices and stamp converter of :class:`LineShape`, and
-    the shape's key ``hit`` (None when the key depends on the numbers the
-    mask keeps - those live in :attr:`by_numbers`). Every shape is checked on
+    hit, message, prefers_last_node, kept_spans)``: the slices and stamp converter of
+    :class:`LineShape`, and the shape's key ``hit`` (None when the key depends on the numbers the
+    mask keeps - those live in :attr:`by_numbers`, by the text at ``kept_spans``). Every shape is checked on
     its first line against the full parser; a shape that disagrees is read
     slowly ever after, so the fast path never changes an answer.
     """
@@ -149,18 +151,22 @@ class _Shapes:
             self._remember(key, _EMPTY_ENTRY)
             return None
         before_ts, before_node = reader.last_ts, reader.last_node
-        shape = reader.shape(text)
-        ts, node, message, hit = read_slowly(file, lineno, text)
+        ts, node, message, hit, shape, kept = read_slowly(file, lineno, text, True)
         entry = _SLOW_ENTRY
         if shape is not None and self._agrees(shape, text, before_ts, before_node, ts, node, message):
-            decisive = may_keep_numbers(message)
-            if not decisive or shape.msg_start is not None:
+            # Only digits the mask keeps make a shape's key depend on values; a shape's first line has them
+            # exactly where all its lines do ("status" alone, with no number after it, keeps none).
+            decisive = bool(kept)
+            if not decisive or shape.msg_start is not None:  # kept digits are read from the message's text
                 convert, ts_start, ts_end = (None, 0, 0) if shape.ts is None or shape.ts is False else shape.ts
                 node_start, node_end = shape.node if shape.node is not None else (None, None)
+                spans = kept_spans(text, shape.msg_start) if decisive else ()
+                # where the message is: a start to slice from, or (loghub HPC) the spans it is rebuilt from
+                where = shape.msg_start if shape.msg_start is not None else shape.msg_parts
                 entry = (convert, ts_start, ts_end, node_start, node_end, shape.keeps_node,
-                         None if decisive else hit, shape.msg_start, shape.prefers_last_node)
+                         None if decisive else hit, where, shape.prefers_last_node, spans)
                 if decisive:
-                    self.by_numbers[(key, kept_numbers(text, shape.msg_start))] = hit
+                    self.by_numbers[(key, tuple(text[a:b] for a, b in spans))] = hit
         self._remember(key, entry)
         return ts, node, hit
 
@@ -183,42 +189,63 @@ class _Shapes:
             want_node = before_node
         else:
             want_node = text[shape.node[0]:shape.node[1]]
-        if shape.msg_start is not None and text[shape.msg_start:] != message:
+        if shape.message_of(text) not in (None, message):
             return False
         return want_ts == ts and want_node == node
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a block, then back as it was.
+
+    A scan and the reduce step allocate millions of small objects (key infos,
+    draft tuples, events) that all live until the report is built and form no
+    cycles: every full collection walks all of them and frees nothing, which
+    cost ~15% of a run. Reference counting still frees everything as usual.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def scan_partition(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None = None) -> PartialScan:
     """Read one partition (see the module docstring); pure given the partition's bytes."""
+    with gc_paused():
+        return _scan(partition, taxonomy=taxonomy, default_year=default_year)
+
+
+def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None) -> PartialScan:
     counters = InputCounters(files=1 if partition.start == 0 else 0)
     reader = LineReader(default_year=default_year, counters=counters)
-    parse = reader.parse
-    exact: dict[str, KeyInfo] = {}
-    by_mask: dict[str, KeyInfo] = {}
+    parse = reader.parse_shaped
+    by_message_shape: dict = {}  # message shape (+ kept digits) -> KeyInfo: messages equal but for digits
     keys: dict[str, KeyInfo] = {}
     nodes: set[str] = set()
     drafts: list[tuple] = []
     file = partition.path
 
-    def read_slowly(file: str, lineno: int, text: str):
+    def read_slowly(file: str, lineno: int, text: str, want_shape: bool = False):
         # Every step of the pipeline: candidate lines, first lines of a shape, odd lines.
-        ts, node, job, message, _source = parse(file, lineno, text)
-        hit = exact.get(message)
+        ts, node, job, message, _source, shape = parse(file, lineno, text, want_shape=want_shape)
+        kept = tuple(message[a:b] for a, b in kept_spans(message)) if may_keep_numbers(message) else ()
+        shaped = (shape_key(message), kept) if kept else shape_key(message)
+        hit = by_message_shape.get(shaped)
         if hit is None:
             masked = mask(message)
-            hit = by_mask.get(masked)
+            hit = keys.get(masked)
             if hit is None:
-                hit = keys.get(masked)
-                if hit is None:
-                    hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
-                if len(by_mask) >= _MASK_CACHE_MAX:
-                    by_mask.clear()
-                by_mask[masked] = hit
-            if len(exact) < _EXACT_CACHE_MAX:
-                exact[message] = hit
+                hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
+            if len(by_message_shape) >= _MESSAGE_SHAPE_CACHE_MAX:
+                by_message_shape.clear()
+            by_message_shape[shaped] = hit
         if hit.candidate:
             drafts.append((file, lineno, ts, node, job, hit.key, message[:500]))
-        return ts, node, message, hit
+        return ts, node, message, hit, shape, kept
 
     shapes = _Shapes(reader)
     known = shapes.known
@@ -240,10 +267,10 @@ def scan_partition(partition: Partition, *, taxonomy: Taxonomy, default_year: in
             else:
                 hit = shape[6]
                 if hit is None:  # the key depends on the numbers the mask keeps ("Xid 79")
-                    numbers = (key, kept_numbers(text, shape[7]))
+                    numbers = (key, tuple(text[a:b] for a, b in shape[9]))
                     hit = by_numbers.get(numbers)
                     if hit is None:
-                        ts, node, _, hit = read_slowly(file, lineno, text)
+                        ts, node, _, hit, _, _ = read_slowly(file, lineno, text)
                         if len(by_numbers) >= _SHAPE_CACHE_MAX:
                             by_numbers.clear()
                         by_numbers[numbers] = hit
@@ -253,8 +280,8 @@ def scan_partition(partition: Partition, *, taxonomy: Taxonomy, default_year: in
                     continue
                 if shape is None:
                     pass
-                elif hit is _SLOW or (hit.candidate and shape[7] is None):
-                    ts, node, _, hit = read_slowly(file, lineno, text)
+                elif hit is _SLOW or (hit.candidate and shape[7] is None):  # no message without the parser
+                    ts, node, _, hit, _, _ = read_slowly(file, lineno, text)
                 else:  # a line of a known shape: slices and a cached stamp, no envelope regex, no mask
                     convert = shape[0]
                     if convert is None:
@@ -275,7 +302,8 @@ def scan_partition(partition: Partition, *, taxonomy: Taxonomy, default_year: in
                         if shape[5]:
                             reader.last_node = node
                     if hit.candidate:
-                        message = text[shape[7]:]
+                        where = shape[7]
+                        message = text[where:] if where.__class__ is int else rebuilt_message(text, where)
                         drafts.append((file, lineno, ts, node, reader.job_of(message), hit.key, message[:500]))
             hit.count += 1
             if node is not None:

@@ -24,6 +24,7 @@ from functools import cached_property
 from importlib import resources
 
 from reliability.logs.errors import TaxonomyError
+from reliability.logs.prefilter import RuleSet
 
 NORMAL = "normal"
 UNCLASSIFIED = "unclassified"
@@ -64,19 +65,21 @@ class Taxonomy:
     def category(self, path: str) -> Category | None:
         return self._by_path.get(path)
 
+    @cached_property
+    def _rule_set(self) -> RuleSet:
+        return RuleSet.of(self.rules)
+
+    @cached_property
+    def _template_set(self) -> RuleSet:
+        return RuleSet.of(self.template_rules)
+
     def match_rule(self, message: str) -> str | None:
         """The category of the first regex pattern that matches the raw message."""
-        for pattern, path in self.rules:
-            if pattern.search(message):
-                return path
-        return None
+        return self._rule_set.first(message)
 
     def match_template(self, masked: str) -> str | None:
         """The category of the first taxonomy template that matches the masked message."""
-        for pattern, path in self.template_rules:
-            if pattern.search(masked):
-                return path
-        return None
+        return self._template_set.first(masked)
 
     def is_symptom(self, path: str) -> bool:
         cat = self.category(path)

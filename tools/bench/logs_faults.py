@@ -116,7 +116,8 @@ NORMALS: list[Callable[[random.Random], tuple[str, str]]] = [
 def envelope(kind: str, message, *, ts: float, host: str, rng: random.Random) -> str:
     """Wrap a message the way its source logs it (kern syslog, slurmctld, app/torchrun, k8s JSON)."""
     if kind == "kern":
-        stamp = datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%b %d %H:%M:%S").replace(" 0", "  ", 1)
+        when = datetime.fromtimestamp(ts, tz=timezone.utc)
+        stamp = f"{when:%b} {when.day:2d} {when:%H:%M:%S}"  # syslog pads the day with a space, never the hour
         return f"{stamp} {host} kernel: {message}"
     if kind == "slurm":
         return f"[{_iso(ts)}] {message}"

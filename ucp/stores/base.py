@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -44,7 +45,7 @@ class BaseStore:
         self.context = ts.Context({"file_io_sync": False})
         self.reused = False
         self._threads: ThreadPoolExecutor | None = None
-        self._pack_cache: tuple[str, bytes] | None = None
+        self._pack_cache: OrderedDict[str, bytes] = OrderedDict()  # pack -> its bytes, least recent first
         self._ts: Any = None  # a TensorstoreArrays: how multi-chunk arrays go through tensorstore here
 
     def __repr__(self) -> str:
@@ -142,19 +143,26 @@ class BaseStore:
                     extent: int) -> np.ndarray:
         """Read one packed fragment: a byte range of a pack array's only chunk.
 
-        The first ``extent`` bytes of the last pack read (as far as the manifest's fragments of
-        it reach; packs are ~16 MiB) are kept, so the many small tensors of a pack cost one
-        read, not one each.
+        The first ``extent`` bytes of the packs read last (as far as the manifest's fragments of
+        each reach; packs are ~16 MiB) are kept, up to ``options.pack_cache_bytes``, so the many
+        small tensors of a pack cost one read, not one each, even when a load takes turns
+        between the packs of several source ranks.
         """
         name = chunk_key((0,), 0)
         np_dtype = np.dtype(dtype).newbyteorder("<")
         nbytes = math.prod(shape) * np_dtype.itemsize
-        if self._pack_cache is None or self._pack_cache[0] != rel:
+        pack = self._pack_cache.get(rel)
+        if pack is None:
             try:
-                self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0])
+                pack = self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0]
             except FileNotFoundError:
                 raise errors.missing(what, self.display(rel, name)) from None
-        data = self._pack_cache[1][offset : offset + nbytes]
+            self._pack_cache[rel] = pack
+            held = sum(len(b) for b in self._pack_cache.values())
+            while held > self.options.pack_cache_bytes and len(self._pack_cache) > 1:
+                held -= len(self._pack_cache.popitem(last=False)[1])
+        self._pack_cache.move_to_end(rel)
+        data = pack[offset : offset + nbytes]
         if len(data) != nbytes:
             raise errors.short_pack(what, self.display(rel, name), offset, offset + nbytes, len(data))
         return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
@@ -164,7 +172,7 @@ class BaseStore:
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
-        self._pack_cache = None
+        self._pack_cache.clear()
         self._ts.forget()
 
     def _pool(self) -> ThreadPoolExecutor:

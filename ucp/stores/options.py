@@ -50,6 +50,11 @@ class StoreOptions:
     # Chunks read ahead within one copy; whole-fragment reads in flight at once.
     prefetch_chunks: int = 2
     reads_in_flight: int = 8
+    # Bytes of packs a reader keeps (least recently used dropped first; the newest is always
+    # kept). A rank loading under another layout takes each tensor's pieces from several source
+    # ranks' packs in turn: with one pack kept, every switch re-read a whole pack (~16 MiB) for
+    # one small tensor. Four packs of the writer's 16 MiB target fit.
+    pack_cache_bytes: int = 64 << 20
     # Rows of a partial copy go through the read buffer in slabs of about this many bytes.
     slab_bytes: int = 64 << 20
     # A local store writes and reads chunk files itself (docs/FORMAT.md, section 8); False

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reliability.logs.analyze import AnalysisOptions, analyze_logs
-from reliability.logs.detect import Detector, TemplateStats, failure_phrase, is_dump, line_evidence
+from reliability.logs.detect import FEATURES, Detector, TemplateStats, failure_phrase, is_dump, line_evidence
 from reliability.logs.discover import FlaggedTemplate, discover_categories
 from reliability.logs.header import CRITICAL, ERROR, INFO, WARNING, split_header
 from reliability.logs.masking import template_tokens
@@ -54,6 +54,25 @@ def test_detector_judges_text_it_was_never_shown(text, severity, failure):
     stats = TemplateStats(lines=3, nodes=2, total_lines=100_000, total_nodes=512)
     p = Detector.load().probability(evidence, stats)
     assert (p >= Detector.load().threshold) == failure, (text, p, evidence)
+
+
+@pytest.mark.parametrize("content, words", [
+    ("ERROR_FILE_NOT_FOUND while opening the package", 1),  # failure words inside an identifier count
+    ("io_error on dev sdb", 1),
+    ("getFileName returned", 0),  # camel case: words start at capitals, and none of these is a failure word
+    ("sendSyncFailedBroadcast", 1),
+    ("DNSError handled", 0),  # a run of capitals is one word: "DNSError" is not "DNS Error"
+    ("[HRESULT = 0x800f080d - CBS_E_MANIFEST_INVALID_ITEM]", 3),  # INVALID, the failure bit, an E_ constant
+    ("[HRESULT = 0x00000000 - S_OK]", 0),
+    ("open of /scratch/x returned ENOSPC", 1),
+    ("ldlm_cli_cancel_req rc = -107", 1),
+    ('10.0.0.1 "GET /v2/servers HTTP/1.1" status: 503 len: 12', 1),  # a server error
+    ('10.0.0.1 "GET /v2/servers HTTP/1.1" status: 404 len: 12', 0),  # the client's, not the server's
+    ('10.0.0.1 - - "POST /api HTTP/1.1" 500 231', 1),
+    ('10.0.0.1 - - "POST /api HTTP/1.1" 200 231', 0),
+])
+def test_failure_words_in_identifiers_and_error_codes(content, words):
+    assert line_evidence(" ".join(template_tokens(content)), severity=INFO, raw=content).failure_words == words
 
 
 def test_dump_lines_and_failure_phrases():

@@ -6,6 +6,7 @@ import base64
 import json
 import zlib
 
+import numpy as np
 import pytest
 
 from reliability.logs.classifier import TemplateClassifier
@@ -66,14 +67,39 @@ def test_classifier_abstains_on_gibberish_and_keeps_normal_lines_normal(taxonomy
     assert not model.classify(mask("zqxj vvkw plorb 77")).is_failure
     probs = model.probabilities(mask("GPU 3 encountered a fatal error"))
     assert abs(probs.sum() - 1.0) < 1e-9
-    # The hand-rolled fast path is sklearn's predict_proba, exactly.
-    assert abs(probs - model._pipeline.predict_proba([mask("GPU 3 encountered a fatal error")])[0]).max() < 1e-9
-    strict = TemplateClassifier(model._pipeline, threshold=0.999)
+    strict = model.with_threshold(0.999)
     verdict = strict.classify(mask("GPU 3 encountered a fatal error"))
     assert (verdict.category, verdict.method) == ("unclassified", "threshold")
     normal = model.classify(mask("systemd[1]: Started Session 12 of user carol."))
     assert normal.category in ("normal", "unclassified")
     assert not normal.is_failure
+
+
+def test_classifier_is_sklearns_calibrated_svm(taxonomy):
+    # Our Platt sigmoids (all classes' Newton steps at once) and hand-rolled margins give what sklearn's
+    # CalibratedClassifierCV(sigmoid, ensemble=False) over the same LinearSVC and folds gives.
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.svm import LinearSVC
+
+    model = TemplateClassifier.train(taxonomy)
+    texts = [mask(text) for text, _ in taxonomy.labeled_examples()]
+    labels = [label for _, label in taxonomy.labeled_examples()]
+    x = model._features.transform(texts)
+    reference = CalibratedClassifierCV(LinearSVC(C=1.0, random_state=0), cv=3, method="sigmoid",
+                                       ensemble=False).fit(x, labels)
+    assert list(reference.classes_) == model.classes
+    probe = texts[::7] + [mask("GPU 3 encountered a fatal error"), mask("zqxj vvkw plorb 77")]
+    ours = np.array([model.probabilities(text) for text in probe])
+    assert abs(ours - reference.predict_proba(model._features.transform(probe))).max() < 1e-5
+
+
+def test_classifier_with_two_classes_gives_both_probabilities():
+    texts = ["disk failed on sda", "disk failure on sdb", "disk sdc failed hard",
+             "session opened for user", "session closed for user", "session opened for root"]
+    model = TemplateClassifier.fit(texts, ["hardware/disk"] * 3 + ["normal"] * 3, threshold=0.5)
+    probs = model.probabilities(mask("disk failed on sdd"))
+    assert model.classes == ["hardware/disk", "normal"] and abs(probs.sum() - 1.0) < 1e-9
+    assert probs[0] > 0.5 and model.probabilities(mask("session opened for bob"))[1] > 0.5
 
 
 def test_user_taxonomy_overrides_and_extends(tmp_path):
