@@ -24,6 +24,7 @@ from ucp.programs import compile_for_load, compile_for_save
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
+from ucp.stores import StoreOptions
 from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_refs
 from ucp.shared_save import finalize, record_failure  # noqa: F401 - re-exported
 from ucp.writer import CheckpointWriter, SaveResult  # noqa: F401 - re-exported
@@ -46,6 +47,7 @@ def save(
     allow_objects: Any = False,
     storage_options: dict | None = None,
     logical: dict[str, LogicalTensor] | None = None,
+    store_options: StoreOptions | None = None,
 ) -> SaveResult:
     """Save a nested state (what you would pass to ``torch.save``) as a universal checkpoint.
 
@@ -59,6 +61,7 @@ def save(
     cannot infer from local tensors (ZeRO-3: parameters exist only inside flat
     partitions). Values that are not JSON are refused unless ``allow_objects``
     (pickled; loads need ``allow_objects`` too, see :func:`load`).
+    ``store_options`` (:class:`~ucp.stores.StoreOptions`) tunes the I/O, never the format.
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -68,7 +71,7 @@ def save(
     flat, writer = open_writer(
         state, path, spec=spec, process_group=process_group, rank=rank, world_size=world_size, program=program,
         layout=layout, checksums=checksums, overwrite=overwrite, allow_objects=allow_objects,
-        storage_options=storage_options, logical=logical,
+        storage_options=storage_options, logical=logical, store_options=store_options,
     )
     try:
         for key, tensor in flat.tensors.items():
@@ -193,6 +196,7 @@ def load(
     verify: bool = True,
     allow_objects: Any = False,
     storage_options: dict | None = None,
+    store_options: StoreOptions | None = None,
 ) -> Any:
     """Load a checkpoint, optionally resharded to ``spec`` and/or in place into ``into``.
 
@@ -221,7 +225,7 @@ def load(
     """
     return load_recording(path, into, spec=spec, program=program, layout=layout, rank=rank,
                           map_location=map_location, strict=strict, verify=verify, allow_objects=allow_objects,
-                          storage_options=storage_options)
+                          storage_options=storage_options, store_options=store_options)
 
 
 def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str] | None = None,
@@ -245,8 +249,8 @@ def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str
 def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = None, program: str | None = None,
           layout: Layout | str | None = None, rank: int | None = None, map_location: str | torch.device = "cpu",
           strict: bool = True, verify: bool = True, allow_objects: Any = False,
-          storage_options: dict | None = None) -> Any:
-    reader = CheckpointReader(path, verify=verify, storage_options=storage_options)
+          storage_options: dict | None = None, store_options: StoreOptions | None = None) -> Any:
+    reader = CheckpointReader(path, verify=verify, storage_options=storage_options, store_options=store_options)
     manifest = reader.manifest
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
     spec = compile_for_load(reader.path, manifest.program, manifest.layout, reader.logical(), spec=spec,

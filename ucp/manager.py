@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -37,10 +36,6 @@ from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
 __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
 
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-# What a save killed before its commit leaves behind (ucp.commit.staging_path of a step directory).
-_STALE_STAGING = re.compile(r"^\.step_\d{8,}\.ucp-staging-.+$")
-# Where an overwrite moves the previous checkpoint before renaming the new one in (ucp.commit.commit).
-_MOVED_ASIDE = re.compile(r"^\.(step_\d{8,})\.ucp-staging-old-.+$")
 # What a damaged checkpoint raises while it loads: restore falls back past these, and raises
 # anything else (the caller's mistakes; a checkpoint from a newer format, which needs an upgrade).
 _DAMAGE = (ChecksumError, TruncatedDataError, IncompleteCheckpointError, ManifestError, CheckpointNotFoundError,
@@ -77,7 +72,8 @@ class CheckpointManager:
     ``staging_budget`` bounds the host memory of async saves (bytes).
     ``verify`` makes :meth:`latest`/:meth:`restore` check checksums of the
     candidate first (reads it whole). ``save_options`` go to every save
-    (e.g. ``{"checksums": False}`` or a ``spec``).
+    (e.g. ``{"checksums": False}`` or a ``spec``); their ``storage_options`` and
+    ``store_options`` also open ``directory`` (``s3://`` credentials, endpoints).
     """
 
     def __init__(
@@ -99,7 +95,7 @@ class CheckpointManager:
             raise InvalidArgumentError(f"save_policy {save_policy!r} has no should_save method")
         if not callable(getattr(retention, "keep", None)):
             raise InvalidArgumentError(f"retention {retention!r} has no keep method")
-        from ucp.storage import Storage
+        from ucp.stores import open_store
 
         if world_size not in (None, 1) and process_group is None:
             raise InvalidArgumentError(
@@ -107,15 +103,17 @@ class CheckpointManager:
                 "pass one (e.g. torch.distributed.new_group(backend='gloo'))"
             )
         self.directory = os.fspath(directory)
+        self._save_options = dict(save_options or {})
+        self._storage_options = self._save_options.get("storage_options")
         # Local directories and fsspec URLs alike (listing, reading manifests, deleting).
-        self._store = Storage(self.directory)
+        self._store = open_store(self.directory, storage_options=self._storage_options,
+                                 options=self._save_options.get("store_options"))
         self.save_policy = save_policy
         self.retention = retention
         self.verify = verify
         self.process_group = process_group
         self._rank = rank
         self._world_size = world_size
-        self._save_options = dict(save_options or {})
         self._saver = None
         if async_save:
             from ucp.async_saver import AsyncSaver
@@ -203,8 +201,8 @@ class CheckpointManager:
             options.setdefault("rank", self._rank)
         if self._world_size is not None:
             options.setdefault("world_size", self._world_size)
-        if self.rank == 0 and self._store.local:
-            os.makedirs(self.directory, exist_ok=True)
+        if self.rank == 0:
+            self._store.makedirs()
         self._last_save = time.monotonic()
         if self._saver is not None:
             self._finalize(block=True)  # one save in flight: the previous one commits first
@@ -249,6 +247,9 @@ class CheckpointManager:
         from ucp.api import load_recording
 
         self._finalize(block=True)
+        for option in ("storage_options", "store_options"):
+            if self._save_options.get(option) is not None:
+                load_options.setdefault(option, self._save_options[option])
         self._replicate_committed()
         if self.rank == 0:
             self.sweep_stale_saves()
@@ -259,7 +260,7 @@ class CheckpointManager:
             path = self.path_for(step)
             filled: set[str] = set()
             try:
-                if self.verify and self.rank == 0 and not _verified(path):
+                if self.verify and self.rank == 0 and not _verified(path, self._storage_options):
                     raise ChecksumError(f"{path} does not verify (ucp verify {path})")
                 loaded, error = load_recording(path, into, filled=filled, **load_options), None
             except _DAMAGE as err:
@@ -295,40 +296,12 @@ class CheckpointManager:
         :meth:`restore` calls this on rank 0, when no save of this job can be in flight;
         saves still pending in this manager are never touched.
         """
-        if not self._store.local or not os.path.isdir(self.directory):
-            return []  # other stores commit by manifest marker: no staging directories
-        self._recover_moved_aside()
         in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
-        removed = []
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if _STALE_STAGING.match(name) and os.path.isdir(path) and not any(
-                name.startswith(f".{step_dir}.") for step_dir in in_flight
-            ):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
+        removed, recovered = self._store.sweep(child=_STEP_DIR.match, skip=in_flight)
+        for final, source in recovered:
+            warnings.warn(f"recovered {final} from {source}, where an interrupted overwrite had moved it",
+                          RestoreFallbackWarning, stacklevel=2)
         return removed
-
-    def _recover_moved_aside(self) -> None:
-        from ucp.atomic_rename import rename_noreplace
-        from ucp.manifest import MANIFEST_NAME
-
-        moved: dict[str, list[str]] = {}
-        for name in os.listdir(self.directory):
-            match = _MOVED_ASIDE.match(name)
-            if match and os.path.isfile(os.path.join(self.directory, name, MANIFEST_NAME)):
-                moved.setdefault(match.group(1), []).append(os.path.join(self.directory, name))
-        for step_dir, olds in moved.items():
-            final = os.path.join(self.directory, step_dir)
-            if os.path.lexists(final):
-                continue  # the overwrite committed: the old copies are garbage, swept below
-            newest = max(olds, key=lambda p: os.stat(os.path.join(p, MANIFEST_NAME)).st_mtime)
-            try:
-                rename_noreplace(newest, final)
-            except OSError:
-                continue  # someone else recovered (or saved) it meanwhile
-            warnings.warn(f"recovered {self._store.display(step_dir)} from {newest}, where an interrupted "
-                          "overwrite had moved it", RestoreFallbackWarning, stacklevel=3)
 
     # -------------------------------------------------------------- internals
     def _replicate_committed(self) -> None:
@@ -382,7 +355,7 @@ class CheckpointManager:
                 name = step_dirname(step)
                 Manifest.from_json(self._store.read_bytes(name, MANIFEST_NAME),
                                    source=self._store.display(name, MANIFEST_NAME))
-                if verify and not _verified(path):
+                if verify and not _verified(path, self._storage_options):
                     continue
             except (UcpError, OSError):
                 continue  # damaged or vanished: fall back to the next older checkpoint
@@ -418,7 +391,7 @@ class CheckpointManager:
         for step in committed:
             if step not in keep and step not in in_flight:
                 try:  # unmade first (manifest or name), so a failure part-way never leaves a half checkpoint
-                    delete_checkpoint(self._store.display(step_dirname(step)))
+                    delete_checkpoint(self._store.display(step_dirname(step)), storage_options=self._storage_options)
                 except OSError:
                     pass  # removed by someone else, or not removable now: retried after the next commit
 
@@ -435,11 +408,11 @@ def _tainted(skipped: list[tuple[str, set[str]]], filled: set[str], path: str) -
     return None
 
 
-def _verified(path: str) -> bool:
+def _verified(path: str, storage_options: dict | None) -> bool:
     """Whether every fragment of the checkpoint is readable and matches its checksum."""
     import ucp
 
-    return ucp.verify(path).ok
+    return ucp.verify(path, storage_options=storage_options).ok
 
 
 def _merge_in_place(into: Any, loaded: Any) -> None:

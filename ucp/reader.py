@@ -27,17 +27,11 @@ from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMism
 from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_fits, region_shape
 from ucp.manifest import Fragment, Manifest, TensorEntry
 from ucp.spec import LogicalTensor
-from ucp.storage import SMALL_ARRAY_BYTES, Storage, chunk_count
+from ucp.stores import Store, StoreOptions
+from ucp.zarr_array import chunk_count, chunk_key
 
-# Chunks read ahead within one copy: enough to overlap I/O with copying, few enough that
-# the read buffer (PREFETCH_CHUNKS + 1 chunks of ~32 MiB) stays small next to a shard.
-PREFETCH_CHUNKS = 2
-# Chunk reads of one fragment in flight at once when it is read straight into its destination.
-READS_IN_FLIGHT = 8
-SLAB_BYTES = 64 << 20
-# Local chunk files are read with plain reads (tensorstore's reader costs several copies of
-# each chunk in peak memory); False reads them through tensorstore like remote ones.
-DIRECT_LOCAL_READS = True
+# The read buffer is a few chunks (StoreOptions.prefetch_chunks read ahead within one copy,
+# + 2): enough to overlap I/O with copying, small next to a shard.
 
 
 def _row_major_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -82,15 +76,15 @@ class CheckpointReader:
     """A committed checkpoint opened for reading (manifest parsed and validated)."""
 
     def __init__(self, path: str, *, verify: bool = True, storage_options: dict | None = None,
-                 opened: tuple[Storage, Manifest] | None = None) -> None:
-        """Open the checkpoint at ``path`` (``opened``: its storage and manifest, when already read)."""
+                 opened: tuple[Store, Manifest] | None = None, store_options: StoreOptions | None = None) -> None:
+        """Open the checkpoint at ``path`` (``opened``: its store and manifest, when already read)."""
         self.path = str(path)
         self.storage, self.manifest = opened or (None, None)
         if self.storage is None:
-            self.storage = find_manifest(self.path, storage_options=storage_options)
+            self.storage = find_manifest(self.path, storage_options=storage_options, options=store_options)
             self.manifest = read_manifest(self.storage)
+        self.options = self.storage.options
         self.verify = verify and self.manifest.checksum_algorithm is not None
-        self._stores: dict[str, Any] = {}
         self._chunks: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self._verified: set[tuple[str, int]] = set()
         self._pack_extents: dict[str, int] | None = None  # pack key -> bytes its fragments reach
@@ -98,7 +92,6 @@ class CheckpointReader:
     def close(self) -> None:
         """Drop buffers and I/O threads (the reader stays usable)."""
         self._chunks.clear()
-        self._stores.clear()
         self.storage.close()
 
     def __enter__(self) -> "CheckpointReader":
@@ -156,7 +149,6 @@ class CheckpointReader:
         for name in names if names is not None else sorted(self.manifest.tensors):
             yield name, self.read_tensor(name)
             self._chunks.clear()
-            self._stores.pop(name, None)
 
     def check_fragment(self, name: str, frag: Fragment) -> None:
         """Read every chunk of one fragment and check it (raises the first problem)."""
@@ -186,7 +178,7 @@ class CheckpointReader:
             _assign(target_view, src.reshape(()), entry.dtype)
             return
         row_stride = strides[0]
-        rows_per_slab = max(1, SLAB_BYTES // max(1, row_stride * itemsize))
+        rows_per_slab = max(1, self.options.slab_bytes // max(1, row_stride * itemsize))
         for r0 in range(0, sizes[0], rows_per_slab):
             nrows = min(rows_per_slab, sizes[0] - r0)
             offsets = (rel.offsets[0] + r0,) + rel.offsets[1:]
@@ -199,8 +191,8 @@ class CheckpointReader:
 
     def _reads_whole_fragment(self, frag: Fragment, src_box: Box, span: FlatRange | None, overlap: Box,
                               target_view: torch.Tensor) -> bool:
-        """Whether the copy is a whole local fragment into a contiguous CPU destination."""
-        if not (self.storage.local and DIRECT_LOCAL_READS and frag.pack_offset is None and overlap.ndim):
+        """Whether the copy is a whole fragment into a contiguous CPU destination (read straight into it)."""
+        if not (frag.pack_offset is None and overlap.ndim):
             return False
         if not (target_view.device.type == "cpu" and target_view.is_contiguous() and target_view.numel()):
             return False
@@ -214,18 +206,21 @@ class CheckpointReader:
         array = to_numpy(target_view).reshape(shape)
         what = f"tensor {entry.name!r} (fragment {frag.key!r} of rank {frag.rank})"
         rows = frag.chunk_rows
+        dtype = storage_dtype(entry.dtype)
 
         def start(i: int) -> Any:
-            return self.storage.read_chunk_into(f"data/{frag.key}", shape, i, rows, array[i * rows : (i + 1) * rows],
-                                                what=what, digest=_checksum.digest if self.verify else None)
+            return self.storage.read_chunk_into(f"data/{frag.key}", shape, dtype, i, rows,
+                                                array[i * rows : (i + 1) * rows], what=what,
+                                                digest=_checksum.digest if self.verify else None)
 
         # A bounded window of reads in flight: a fragment of a million chunks queues no more.
         count = chunk_count(shape, rows)
-        window = deque(start(i) for i in range(min(count, READS_IN_FLIGHT)))
+        in_flight = self.options.reads_in_flight
+        window = deque(start(i) for i in range(min(count, in_flight)))
         for index in range(count):
             found = window.popleft().result()
-            if index + READS_IN_FLIGHT < count:
-                window.append(start(index + READS_IN_FLIGHT))
+            if index + in_flight < count:
+                window.append(start(index + in_flight))
             if self.verify and (frag.key, index) not in self._verified:
                 self._compare(entry.name, frag, index, found)
 
@@ -243,56 +238,32 @@ class CheckpointReader:
             parts.append(chunk[start:stop])
         return np.concatenate(parts)
 
-    def _store(self, name: str, frag: Fragment) -> Any:
-        store = self._stores.get(frag.key)
-        if store is None:
-            what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
-            store = self.storage.open_array(f"data/{frag.key}", what=what)
-            entry = self.manifest.tensors[name]
-            expected = (region_shape(frag.region), storage_dtype(entry.dtype))
-            found = (tuple(store.shape), store.dtype.name)
-            if found != expected:
-                raise ManifestError(
-                    f"{what}: stored array {self.storage.display('data', frag.key)} is {found[1]}{list(found[0])} "
-                    f"but the manifest says {expected[1]}{list(expected[0])}; the checkpoint is damaged"
-                )
-            if len(self._stores) > 256:
-                self._stores.clear()
-            self._stores[frag.key] = store
-        return store
-
     def _chunk(self, name: str, frag: Fragment, index: int, *, prefetch_to: int) -> np.ndarray:
         if frag.pack_offset is not None or (
-            frag.nbytes <= SMALL_ARRAY_BYTES and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
+            frag.nbytes <= self.options.small_array_bytes and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
         ):
             return self._small_chunk(name, frag)
         what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
-        rel = f"data/{frag.key}"
         shape = region_shape(frag.region)
-        if self.storage.local and DIRECT_LOCAL_READS:
-            # Uncompressed chunks of local files are read straight into a numpy buffer by a
-            # few threads: no tensorstore open per fragment, and no intermediate copies.
-            dtype = storage_dtype(self.manifest.tensors[name].dtype)
-            start = lambda i: self.storage.read_chunk_direct(rel, shape, dtype, i, frag.chunk_rows, what=what)  # noqa: E731
-        else:
-            store = self._store(name, frag)
-            start = lambda i: self.storage.read_chunk(rel, store, i, frag.chunk_rows, what=what)  # noqa: E731
-        for ahead in range(index, min(prefetch_to, index + PREFETCH_CHUNKS) + 1):
+        dtype = storage_dtype(self.manifest.tensors[name].dtype)
+        prefetch = self.options.prefetch_chunks
+        for ahead in range(index, min(prefetch_to, index + prefetch) + 1):
             if (frag.key, ahead) not in self._chunks:
-                self._chunks[(frag.key, ahead)] = (False, start(ahead))
+                future = self.storage.read_chunk(f"data/{frag.key}", shape, dtype, ahead, frag.chunk_rows, what=what)
+                self._chunks[(frag.key, ahead)] = (False, future)
         ready, value = self._chunks[(frag.key, index)]
         if not ready:
-            value = self.storage.wait_chunk(value, rel, index, shape, what=what)
+            value = value.result()
             if self.verify and (frag.key, index) not in self._verified:
                 self._check(name, frag, index, value)
             self._chunks[(frag.key, index)] = (True, value)
         self._chunks.move_to_end((frag.key, index))
-        while len(self._chunks) > PREFETCH_CHUNKS + 2:
+        while len(self._chunks) > prefetch + 2:
             self._chunks.popitem(last=False)
         return value
 
     def _small_chunk(self, name: str, frag: Fragment) -> np.ndarray:
-        """A one-chunk fragment read as a plain file (no tensorstore open; see ucp.storage)."""
+        """A one-chunk fragment read as a plain file (no tensorstore open; see ucp.stores.base)."""
         cached = self._chunks.get(_cache_key(frag, 0))
         if cached is not None and cached[0]:
             return cached[1]
@@ -306,7 +277,7 @@ class CheckpointReader:
         if self.verify and _cache_key(frag, 0) not in self._verified:
             self._check(name, frag, 0, value)
         self._chunks[_cache_key(frag, 0)] = (True, value)
-        while len(self._chunks) > PREFETCH_CHUNKS + 2:
+        while len(self._chunks) > self.options.prefetch_chunks + 2:
             self._chunks.popitem(last=False)
         return value
 
@@ -340,6 +311,4 @@ class CheckpointReader:
 
     @staticmethod
     def storage_chunk_key(array: np.ndarray, frag: Fragment, index: int) -> str:
-        from ucp.storage import chunk_key
-
         return chunk_key((0,) if frag.pack_offset is not None else region_shape(frag.region), index)

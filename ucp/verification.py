@@ -38,7 +38,7 @@ from ucp.errors import ManifestError, UcpError
 from ucp.geometry import region_shape
 from ucp.manifest import MANIFEST_NAME, Fragment, Manifest, TensorEntry
 from ucp.reader import CheckpointReader
-from ucp.storage import Storage
+from ucp.stores import Store
 from ucp.zarr_array import ZARR_JSON_LIMIT, chunk_key, metadata_problems, parse_metadata
 
 
@@ -132,7 +132,7 @@ def _program_problems(manifest: Manifest, manifest_file: str) -> list[Problem]:
     return []
 
 
-def _array_problems(storage: Storage, reader: CheckpointReader, entry: TensorEntry,
+def _array_problems(storage: Store, reader: CheckpointReader, entry: TensorEntry,
                     frag: Fragment) -> list[tuple[str, str]]:
     """``(kind, message)`` for each way the fragment's ``zarr.json`` fails the manifest."""
     rel = f"data/{frag.key}/zarr.json"
@@ -162,7 +162,7 @@ def _array_problems(storage: Storage, reader: CheckpointReader, entry: TensorEnt
         for problem in metadata_problems(meta, shape=shape, data_type=data_type, chunk_rows=rows)]
 
 
-def _pack_size_problems(storage: Storage, frag: Fragment, what: str, length: int) -> list[tuple[str, str]]:
+def _pack_size_problems(storage: Store, frag: Fragment, what: str, length: int) -> list[tuple[str, str]]:
     """A pack's one chunk must hold exactly its array's length (a load reads only the bytes it needs)."""
     rel = f"data/{frag.key}/{chunk_key((length,), 0)}"
     try:

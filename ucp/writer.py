@@ -34,26 +34,13 @@ from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, be
 from ucp.dtypes import host_array, storage_dtype
 from ucp.errors import CheckpointExistsError, InvalidArgumentError, LayoutError, NameConflictError, UcpError
 from ucp.geometry import Box, Region, region_to_dict
-from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
+from ucp.manifest import Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from ucp.storage import SMALL_ARRAY_BYTES, chunk_count, chunk_rows_for
+from ucp.storage import chunk_count, chunk_rows_for
 from ucp.save_checks import check_average, check_pieces, check_tensor
+from ucp.stores import DEFAULT_OPTIONS, StoreOptions
 from ucp.write_units import average_replicas, local_region, write_units
-
-# Writes kept in flight: enough to keep the disk busy with many small tensors, few
-# enough that buffers of writes (copies of non-contiguous or GPU tensors, tensorstore's
-# encoded chunks) stay bounded: every in-flight byte counts, whether copied or not.
-# Fragments up to PACK_MAX_BYTES are packed into a few files per rank (docs/FORMAT.md,
-# "Packs"): thousands of biases and norms otherwise cost thousands of files.
-PACK_MAX_BYTES = 256 << 10
-PACK_TARGET_BYTES = 16 << 20
-PACK_ALIGN = 64
-MAX_INFLIGHT = 64
-MAX_INFLIGHT_BYTES = 64 << 20
-# Local arrays are written as plain chunk files straight from the tensor's memory
-# (docs/FORMAT.md, section 8); False writes them through tensorstore like remote ones.
-DIRECT_LOCAL_WRITES = True
 
 
 @dataclass(frozen=True)
@@ -80,8 +67,9 @@ class CheckpointWriter:
     >>> os.path.exists(os.path.join(path, "manifest.json"))
     True
 
-    ``pack_max_bytes`` (default 256 KiB, 0 to disable) is the largest fragment
-    packed with others into one file (docs/FORMAT.md, "Packs").
+    ``pack_max_bytes`` (default ``store_options.pack_max_bytes``, 256 KiB; 0 to disable) is the
+    largest fragment packed with others into one file (docs/FORMAT.md, "Packs");
+    ``store_options`` (:class:`~ucp.stores.options.StoreOptions`) tunes the I/O.
     """
 
     def __init__(
@@ -98,9 +86,11 @@ class CheckpointWriter:
         layout: Any = None,
         program: str | None = None,
         pack_max_bytes: int | None = None,
+        store_options: StoreOptions | None = None,
     ) -> None:
         self.path = str(path)
-        pack_max_bytes = PACK_MAX_BYTES if pack_max_bytes is None else pack_max_bytes
+        self._options = store_options or DEFAULT_OPTIONS
+        pack_max_bytes = self._options.pack_max_bytes if pack_max_bytes is None else pack_max_bytes
         self._pg = process_group
         if process_group is not None:
             import torch.distributed as dist
@@ -141,31 +131,30 @@ class CheckpointWriter:
             if self.rank == 0:
                 try:
                     box[0] = new_token()
-                    begin_save(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options)
+                    begin_save(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options,
+                               options=self._options)
                 except Exception as err:  # noqa: BLE001 - re-raised on every rank below
                     box[1] = err
             dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
             if box[1] is not None:
                 raise box[1]
-            return open_target(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options)
+            return open_target(self.path, token=box[0], overwrite=overwrite, storage_options=storage_options,
+                               options=self._options)
         if self.world_size > 1:
-            target = open_target(self.path, token=SHARED_TOKEN, overwrite=overwrite, storage_options=storage_options)
+            target = open_target(self.path, token=SHARED_TOKEN, overwrite=overwrite, storage_options=storage_options,
+                                 options=self._options)
             if existing(target.final) == "checkpoint" and not overwrite:
                 raise CheckpointExistsError(
                     f"a checkpoint already exists at {target.final.display()}; pass overwrite=True to replace it "
                     "or save to a new path"
                 )
-            if target.strategy == "marker" and overwrite:
-                target.final.remove(MANIFEST_NAME)  # un-commit the old one before its files change
-            if target.strategy == "rename":
-                import os
-
-                os.makedirs(target.storage.root, exist_ok=True)
+            target.final.prepare_staging(target.storage, shared=True, overwrite=overwrite)
             target.storage.reused = True  # a killed earlier attempt may have left arrays there
             # ... and its part: were this rank to die now, finalize must not merge that one.
             target.storage.remove(PARTS_DIR, f"rank-{self.rank:05d}.json")
             return target
-        return begin_save(self.path, token=new_token(), overwrite=overwrite, storage_options=storage_options)
+        return begin_save(self.path, token=new_token(), overwrite=overwrite, storage_options=storage_options,
+                          options=self._options)
 
     # -- writing -------------------------------------------------------------
     def add(self, key: str, tensor: torch.Tensor) -> None:
@@ -218,7 +207,7 @@ class CheckpointWriter:
             part = data[local.start : local.stop]
             shape = (local.numel,)
         array = host_array(part).reshape(shape)
-        rows = chunk_rows_for(shape, array.itemsize)
+        rows = chunk_rows_for(shape, array.itemsize, chunk_bytes=self._options.chunk_bytes)
         chunks = chunk_count(shape, rows)
         if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
             self._add_to_pack(logical, array, target, rows)
@@ -231,31 +220,18 @@ class CheckpointWriter:
                         nbytes=array.nbytes, chunk_rows=rows).to_dict()
         self._part["fragments"].setdefault(logical, []).append(frag)
         self._bytes += array.nbytes
-        storage = self._target.storage
-        if (array.nbytes <= SMALL_ARRAY_BYTES and chunks <= 1) or (storage.local and DIRECT_LOCAL_WRITES):
-            # Plain files, checksummed and written by the storage's threads from the array itself.
-            futures = storage.write_plain(rel, array, dtype=storage_dtype(dtype), chunk_rows=rows,
-                                          attributes=attributes, hasher=self._hasher)
-            frag["checksums"] = [""] * len(futures) if self._checksums else []
-            row_bytes = array.nbytes // shape[0] if shape and shape[0] else array.nbytes
-            for index, future in enumerate(futures):
-                nbytes = min(rows, shape[0] - index * rows) * row_bytes if shape else array.nbytes
-                self._queue(future, nbytes, functools.partial(_record_checksum, frag["checksums"], index))
-            return
-        frag["checksums"] = list(self._sums(array, shape, rows))
-        pending = storage.start_write(rel, array, dtype=storage_dtype(dtype), chunk_rows=rows, attributes=attributes)
-        self._queue(pending, array.nbytes)
+        # Checksummed and written by the store's threads from the array itself.
+        futures = self._target.storage.write_array(rel, array, dtype=storage_dtype(dtype), chunk_rows=rows,
+                                                   attributes=attributes, hasher=self._hasher)
+        frag["checksums"] = [""] * len(futures) if self._checksums else []
+        row_bytes = array.nbytes // shape[0] if shape and shape[0] else array.nbytes
+        for index, future in enumerate(futures):
+            nbytes = min(rows, shape[0] - index * rows) * row_bytes if shape else array.nbytes
+            self._queue(future, nbytes, functools.partial(_record_checksum, frag["checksums"], index))
 
     @property
     def _hasher(self):
         return _checksum.hasher if self._checksums else None
-
-    def _sums(self, array, shape: tuple[int, ...], rows: int) -> tuple[str, ...]:
-        """Per-chunk checksums of the valid elements, computed here (docs/FORMAT.md, section 3)."""
-        if not self._checksums:
-            return ()
-        return tuple(_checksum.digest(array[i * rows : (i + 1) * rows] if shape else array)
-                     for i in range(chunk_count(shape, rows)))
 
     def _add_to_pack(self, logical: str, array, target: Region, rows: int) -> None:
         """Add a small fragment to this rank's open pack (docs/FORMAT.md, "Packs").
@@ -269,45 +245,37 @@ class CheckpointWriter:
                         chunk_rows=rows, pack_offset=self._pack_len).to_dict()
         self._part["fragments"].setdefault(logical, []).append(frag)
         self._pack.append((array, frag))
-        self._pack_len += array.nbytes + (-array.nbytes % PACK_ALIGN)
+        self._pack_len += array.nbytes + (-array.nbytes % self._options.pack_align)
         self._bytes += array.nbytes
-        if self._pack_len >= PACK_TARGET_BYTES:
+        if self._pack_len >= self._options.pack_target_bytes:
             self._flush_pack()
 
     def _flush_pack(self) -> None:
         if self._pack_key is None:
             return
         arrays, frags = zip(*self._pack)
-        future = self._target.storage.write_pack(f"data/{self._pack_key}", list(arrays), align=PACK_ALIGN,
+        future = self._target.storage.write_pack(f"data/{self._pack_key}", list(arrays), align=self._options.pack_align,
                                                  hasher=self._hasher)
         nbytes = self._pack_len
         self._pack_key, self._pack, self._pack_len = None, [], 0
         self._queue(future, nbytes, functools.partial(_record_pack_checksums, frags))
 
-    def _queue(self, pending: Any, nbytes: int, on_done: Callable[[Any], None] | None = None) -> None:
+    def _queue(self, pending: Future, nbytes: int, on_done: Callable[[Any], None] | None = None) -> None:
         """Track one write in flight; every write counts against the in-flight bounds."""
         self._pending.append((pending, nbytes, on_done))
         self._inflight_bytes += nbytes
         self._pump()
 
     def _pump(self, *, drain: bool = False) -> None:
-        storage = self._target.storage
-        for pending, *_ in self._pending:
-            if isinstance(pending, Future):
-                continue
-            if pending.writing is None and (drain or len(self._pending) >= 8):
-                storage.issue_write(pending)
+        opts = self._options
         while self._pending and (
-            drain or len(self._pending) > MAX_INFLIGHT or self._inflight_bytes > MAX_INFLIGHT_BYTES
+            drain or len(self._pending) > opts.max_inflight or self._inflight_bytes > opts.max_inflight_bytes
         ):
             pending, nbytes, on_done = self._pending.popleft()
             self._inflight_bytes -= nbytes
-            if isinstance(pending, Future):
-                found = pending.result()
-                if on_done is not None:
-                    on_done(found)
-            else:
-                storage.finish_write(pending)
+            found = pending.result()
+            if on_done is not None:
+                on_done(found)
 
     def flush(self) -> None:
         """Wait until every write queued so far has finished.
@@ -414,7 +382,7 @@ class CheckpointWriter:
     def _abort(self, reason: str | None) -> None:
         for pending, *_ in self._pending:
             try:
-                pending.result() if isinstance(pending, Future) else self._target.storage.finish_write(pending)
+                pending.result()
             except Exception:  # noqa: BLE001 - the save is being thrown away
                 pass
         self._pending.clear()

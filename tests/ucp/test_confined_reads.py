@@ -15,24 +15,24 @@ import torch
 
 import ucp
 import ucp.manifest
-import ucp.reader
-import ucp.storage
-import ucp.writer
+from ucp.stores import LocalStore, StoreOptions
 from tools.cli import main as ucp_main
 
 W = torch.arange(48.0).view(12, 4)
 
 
-@pytest.fixture(params=["packed", "plain-file", "direct"])
-def io_path(request, monkeypatch):
-    """Each read path: a fragment in a pack (the default for small tensors), a one-chunk array read as
-    a plain file, and a multi-chunk array read chunk by chunk straight into the destination."""
-    if request.param != "packed":
-        monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
-    if request.param == "direct":
-        monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-        monkeypatch.setattr(ucp.reader, "SMALL_ARRAY_BYTES", -1)
-        monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 64)  # 4 rows per chunk: 3 chunks
+# Each read path: a fragment in a pack (the default for small tensors), a one-chunk array read as
+# a plain file, and a multi-chunk array (4 rows per chunk: 3 chunks) read chunk by chunk straight
+# into the destination.
+IO = {
+    "packed": StoreOptions(),
+    "plain-file": StoreOptions(pack_max_bytes=0),
+    "direct": StoreOptions(pack_max_bytes=0, small_array_bytes=-1, chunk_bytes=64),
+}
+
+
+@pytest.fixture(params=list(IO))
+def io_path(request):
     return request.param
 
 
@@ -47,13 +47,13 @@ def _what(path: Path, name: str = "w") -> str:
     return f"tensor {name!r} (fragment {frag['key']!r} of rank 0)"
 
 
-def _load_in_thread(path, timeout: float = 60.0):
+def _load_in_thread(path, timeout: float = 60.0, store_options: StoreOptions | None = None):
     """``ucp.load(path)`` on a thread: (finished, result or exception). A read blocked on a FIFO would hang."""
     box: dict = {}
 
     def work():
         try:
-            box["value"] = ucp.load(path)
+            box["value"] = ucp.load(path, store_options=store_options)
         except BaseException as err:  # noqa: BLE001 - handed to the test
             box["value"] = err
 
@@ -65,7 +65,7 @@ def _load_in_thread(path, timeout: float = 60.0):
 
 def test_a_symlink_out_of_the_checkpoint_is_refused(tmp_path, io_path):
     path = tmp_path / "c"
-    ucp.save({"w": W}, path)
+    ucp.save({"w": W}, path, store_options=IO[io_path])
     chunk = _chunk(path)
     outside = tmp_path / "elsewhere" / chunk.name
     outside.parent.mkdir()
@@ -73,7 +73,7 @@ def test_a_symlink_out_of_the_checkpoint_is_refused(tmp_path, io_path):
     chunk.unlink()
     chunk.symlink_to(outside)
     with pytest.raises(ucp.UnsafePathError) as err:
-        ucp.load(path)
+        ucp.load(path, store_options=IO[io_path])
     assert str(err.value) == (
         f"{_what(path)}: {chunk} resolves to {outside}, outside the checkpoint {path}; refusing to read it - "
         "replace the link with the file itself"
@@ -94,15 +94,15 @@ def test_a_symlinked_directory_out_of_the_checkpoint_is_refused(tmp_path):
 
 def test_links_that_stay_inside_the_checkpoint_are_followed(tmp_path, io_path):
     path = tmp_path / "c"
-    ucp.save({"w": W}, path)
+    ucp.save({"w": W}, path, store_options=IO[io_path])
     chunk = _chunk(path)
     moved = path / "moved"
     shutil.move(chunk, moved)
     chunk.symlink_to(os.path.relpath(moved, chunk.parent))
-    assert torch.equal(ucp.load(path)["w"], W)
+    assert torch.equal(ucp.load(path, store_options=IO[io_path])["w"], W)
     linked = tmp_path / "latest"  # the root itself may be a link (ckpt/latest -> step_100)
     linked.symlink_to(path)
-    assert torch.equal(ucp.load(linked)["w"], W)
+    assert torch.equal(ucp.load(linked, store_options=IO[io_path])["w"], W)
 
 
 def test_a_manifest_linked_from_outside_is_refused(tmp_path):
@@ -118,7 +118,7 @@ def test_a_manifest_linked_from_outside_is_refused(tmp_path):
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
 def test_a_chunk_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, io_path, kind):
     path = tmp_path / "c"
-    ucp.save({"w": W}, path)
+    ucp.save({"w": W}, path, store_options=IO[io_path])
     chunk = _chunk(path)
     chunk.unlink()
     if kind == "fifo":
@@ -127,7 +127,7 @@ def test_a_chunk_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path
         chunk.symlink_to("/dev/zero")
     else:
         chunk.mkdir()
-    finished, result = _load_in_thread(path)
+    finished, result = _load_in_thread(path, store_options=IO[io_path])
     if not finished:  # release the reader blocked on the FIFO, then fail
         os.close(os.open(chunk, os.O_WRONLY | os.O_NONBLOCK))
     assert finished, "ucp.load blocked on a FIFO"
@@ -173,11 +173,11 @@ def _peak_bytes(fn) -> tuple[int, object]:
 
 def test_a_huge_sparse_chunk_is_refused_before_it_is_read(tmp_path, io_path):
     path = tmp_path / "c"
-    ucp.save({"w": W}, path)
+    ucp.save({"w": W}, path, store_options=IO[io_path])
     chunk = _chunk(path)
     with open(chunk, "r+b") as fh:
         fh.truncate(512 << 20)  # sparse: costs no disk, but a reader that reads it all holds 512 MiB
-    peak, result = _peak_bytes(lambda: ucp.load(path, verify=False))
+    peak, result = _peak_bytes(lambda: ucp.load(path, verify=False, store_options=IO[io_path]))
     assert peak < 32 << 20, f"the read held {peak} bytes"
     if io_path == "packed":  # a load reads only the fragment's bytes of the pack, which are intact
         assert torch.equal(result["w"], W)
@@ -203,10 +203,9 @@ def test_a_manifest_over_the_limit_is_refused_before_it_is_read(tmp_path, monkey
     assert peak < 32 << 20
 
 
-def test_absurd_chunking_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
+def test_absurd_chunking_is_refused(tmp_path):
     path = tmp_path / "c"
-    ucp.save({"v": torch.zeros(1 << 18)}, path)  # 1 MiB: one chunk
+    ucp.save({"v": torch.zeros(1 << 18)}, path, store_options=StoreOptions(pack_max_bytes=0))  # 1 MiB: one chunk
     manifest = json.loads((path / "manifest.json").read_text())
     frag = manifest["tensors"]["v"]["fragments"][0]
     frag["chunk_rows"] = 1  # 262144 chunk files of 4 bytes, each a read
@@ -220,14 +219,11 @@ def test_absurd_chunking_is_refused(tmp_path, monkeypatch):
 
 
 def test_chunk_reads_in_flight_are_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
-    monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-    monkeypatch.setattr(ucp.reader, "SMALL_ARRAY_BYTES", -1)
-    monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 16)  # 1000 chunks of one row
+    options = StoreOptions(pack_max_bytes=0, small_array_bytes=-1, chunk_bytes=16)  # 1000 chunks of one row
     path = tmp_path / "c"
     big = torch.arange(4000.0).view(1000, 4)
-    ucp.save({"w": big}, path)
-    started = ucp.storage.Storage.read_chunk_into
+    ucp.save({"w": big}, path, store_options=options)
+    started = LocalStore.read_chunk_into
     live = {"now": 0, "most": 0}
     lock = threading.Lock()
 
@@ -244,6 +240,6 @@ def test_chunk_reads_in_flight_are_bounded(tmp_path, monkeypatch):
         future.add_done_callback(done)
         return future
 
-    monkeypatch.setattr(ucp.storage.Storage, "read_chunk_into", counting)
-    assert torch.equal(ucp.load(path)["w"], big)
-    assert live["most"] <= ucp.reader.READS_IN_FLIGHT
+    monkeypatch.setattr(LocalStore, "read_chunk_into", counting)  # a spy: counts, changes nothing
+    assert torch.equal(ucp.load(path, store_options=options)["w"], big)
+    assert live["most"] <= options.reads_in_flight

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import ucp
-import ucp.storage
-import ucp.writer
 from ucp.api import open_writer
 from ucp.dtypes import UnsupportedDtypeError
 from ucp.errors import CheckpointExistsError
+from ucp.stores import StoreOptions
 
 
 def _state() -> dict:
@@ -31,11 +30,10 @@ def _state() -> dict:
     }
 
 
-def _save(path, state, monkeypatch, *, direct: bool) -> None:
-    monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 3 * 4096)
-    monkeypatch.setattr(ucp.writer, "DIRECT_LOCAL_WRITES", direct)
-    monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)  # every array is "large"
-    with ucp.CheckpointWriter(str(path), pack_max_bytes=0) as writer:
+def _save(path, state, *, direct: bool) -> None:
+    # Every array is "large": written chunk by chunk, directly or by tensorstore.
+    options = StoreOptions(chunk_bytes=3 * 4096, small_array_bytes=-1, direct_writes=direct)
+    with ucp.CheckpointWriter(str(path), pack_max_bytes=0, store_options=options) as writer:
         for key, tensor in state.items():
             writer.add(key, tensor)
         writer.set_state({key: {"$tensor": key} for key in state})
@@ -54,10 +52,10 @@ def _files(root) -> dict[str, object]:
     return out
 
 
-def test_direct_and_tensorstore_writes_give_identical_files(tmp_path, monkeypatch):
+def test_direct_and_tensorstore_writes_give_identical_files(tmp_path):
     state = _state()
-    _save(tmp_path / "direct", state, monkeypatch, direct=True)
-    _save(tmp_path / "ts", state, monkeypatch, direct=False)
+    _save(tmp_path / "direct", state, direct=True)
+    _save(tmp_path / "ts", state, direct=False)
     direct, ts = _files(tmp_path / "direct"), _files(tmp_path / "ts")
     assert list(direct) == list(ts)
     assert "data/r0/000000-f32/c.3.0" in direct  # several chunks, the last one an edge chunk
@@ -91,11 +89,10 @@ def test_pack_is_written_from_tensor_memory_with_zero_padding(tmp_path):
     assert meta["shape"] == [128] and meta["chunk_grid"]["configuration"]["chunk_shape"] == [128]
 
 
-def test_every_in_flight_byte_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 64 << 10)
-    monkeypatch.setattr(ucp.writer, "MAX_INFLIGHT_BYTES", 128 << 10)
+def test_every_in_flight_byte_is_bounded(tmp_path):
+    options = StoreOptions(chunk_bytes=64 << 10, max_inflight_bytes=128 << 10)
     seen = []
-    with ucp.CheckpointWriter(str(tmp_path / "c")) as writer:
+    with ucp.CheckpointWriter(str(tmp_path / "c"), store_options=options) as writer:
         for i in range(6):
             writer.add(f"t{i}", torch.full((64, 1024), float(i)))  # 256 KiB, 4 chunks, contiguous
             seen.append(writer._inflight_bytes)

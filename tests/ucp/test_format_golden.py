@@ -45,12 +45,12 @@ def test_manifest_matches_golden(tmp_path):
     _check_golden("manifest.json", manifest)
 
 
-def _save_unpacked(path, state) -> None:
+def _save_unpacked(path, state, store_options=None) -> None:
     """Save with packing off, so every fragment is its own array (as big tensors always are)."""
     from ucp.state import flatten_state
 
     flat = flatten_state(state)
-    with ucp.CheckpointWriter(str(path), pack_max_bytes=0) as writer:
+    with ucp.CheckpointWriter(str(path), pack_max_bytes=0, store_options=store_options) as writer:
         for key, tensor in flat.tensors.items():
             writer.add(key, tensor)
         writer.set_state(flat.tree)
@@ -72,13 +72,12 @@ def test_pack_metadata_matches_golden(tmp_path):
     _check_golden("pack.zarr.json", json.loads((tmp_path / "c" / "data" / frag["key"] / "zarr.json").read_text()))
 
 
-def test_tensorstore_and_plain_file_writers_agree(tmp_path, monkeypatch):
+def test_tensorstore_and_plain_file_writers_agree(tmp_path):
     """Small arrays are written as plain files; big ones by tensorstore. The format must not differ."""
-    import ucp.writer
+    from ucp.stores import StoreOptions
 
     _save_unpacked(tmp_path / "plain", _fixed_state())
-    monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-    _save_unpacked(tmp_path / "ts", _fixed_state())
+    _save_unpacked(tmp_path / "ts", _fixed_state(), StoreOptions(small_array_bytes=-1, direct_writes=False))
     plain_files = sorted(p.relative_to(tmp_path / "plain") for p in (tmp_path / "plain").rglob("*") if p.is_file())
     ts_files = sorted(p.relative_to(tmp_path / "ts") for p in (tmp_path / "ts").rglob("*") if p.is_file())
     assert plain_files == ts_files

@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ucp
-import ucp.reader
-import ucp.storage
-import ucp.writer
 
 from ucp.geometry import Box, FlatRange, coverage_gaps, flat_to_boxes, plan_overlaps, region_pieces, split_evenly
+from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
+from ucp.stores import StoreOptions
 
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 
@@ -118,12 +117,10 @@ def test_region_pieces_of_full_flat_range_cover_everything(shape):
 
 
 @pytest.fixture(params=["direct", "tensorstore"])
-def tiny_chunks(request, monkeypatch):
-    monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
-    monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-    monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 24)  # a few elements per chunk
-    monkeypatch.setattr(ucp.reader, "SLAB_BYTES", 40)
-    monkeypatch.setattr(ucp.reader, "DIRECT_LOCAL_READS", request.param == "direct")
+def tiny_chunks(request) -> StoreOptions:
+    """A few elements per chunk, every fragment its own array, written and read directly or by tensorstore."""
+    tiny = StoreOptions(pack_max_bytes=0, small_array_bytes=-1, chunk_bytes=24, slab_bytes=40)
+    return tiny if request.param == "direct" else tiny.with_(direct_writes=False, direct_reads=False)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -141,9 +138,10 @@ def test_any_tiling_saved_any_region_read(tiny_chunks, case):
                 local = full.reshape(-1)[region.start : region.stop].clone()
                 piece = ShardPiece("t", FlatRange(0, region.numel), region)
             fmap = FragmentMap(rank=rank, logical=logical, tensors={"t": TensorSpec("t", (piece,))})
-            ucp.save({"t": local}, path, spec=fmap, rank=rank, world_size=len(tiling))
+            ucp.save({"t": local}, path, spec=fmap, rank=rank, world_size=len(tiling), store_options=tiny_chunks)
         if len(tiling) > 1:
             ucp.finalize(path, world_size=len(tiling))
         expected = full[target.slices()] if isinstance(target, Box) else full.reshape(-1)[target.start : target.stop]
-        assert torch.equal(ucp.read_tensor(path, "t", target), expected)
-        assert torch.equal(ucp.load(path)["t"], full)
+        with CheckpointReader(path, store_options=tiny_chunks) as reader:
+            assert torch.equal(reader.read_tensor("t", target), expected)
+        assert torch.equal(ucp.load(path, store_options=tiny_chunks)["t"], full)

@@ -9,30 +9,30 @@ import pytest
 import torch
 
 import ucp
+from ucp.stores import StoreOptions
 from tools.cli import main as ucp_main
 
 
-@pytest.fixture(params=["packed", "plain-files", "direct", "tensorstore"])
-def io_path(request, monkeypatch):
-    """Run a test through each I/O path: small fragments packed (the default), one-chunk arrays as
-    plain files, arrays written by tensorstore and read directly (big local tensors), and arrays
-    written and read by tensorstore (remote stores)."""
-    import ucp.reader
-    import ucp.writer
+# Each I/O path as the options that pick it: small fragments packed (the default), one-chunk arrays
+# as plain files, multi-chunk arrays written and read directly (big local tensors), and arrays
+# written and read by tensorstore (as on remote stores).
+IO = {
+    "packed": StoreOptions(),
+    "plain-files": StoreOptions(pack_max_bytes=0),
+    "direct": StoreOptions(pack_max_bytes=0, small_array_bytes=-1),
+    "tensorstore": StoreOptions(pack_max_bytes=0, small_array_bytes=-1, direct_writes=False, direct_reads=False),
+}
 
-    if request.param != "packed":
-        monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
-    if request.param in ("direct", "tensorstore"):
-        monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-        monkeypatch.setattr(ucp.reader, "SMALL_ARRAY_BYTES", -1)
-    if request.param == "tensorstore":
-        monkeypatch.setattr(ucp.reader, "DIRECT_LOCAL_READS", False)
+
+@pytest.fixture(params=list(IO))
+def io_path(request):
+    """Run a test through each I/O path (IO)."""
     return request.param
 
 
-def _save(path) -> dict:
+def _save(path, store_options: StoreOptions | None = None) -> dict:
     state = {"model": {"w": torch.arange(12.0).view(3, 4), "b": torch.ones(2, dtype=torch.bfloat16)}, "step": 1}
-    ucp.save(state, path)
+    ucp.save(state, path, store_options=store_options)
     return state
 
 
@@ -49,14 +49,14 @@ def _offset(path: Path, name: str) -> int:
 
 def test_flipped_byte_is_a_checksum_error(tmp_path, io_path):
     path = tmp_path / "c"
-    state = _save(path)
+    state = _save(path, store_options=IO[io_path])
     chunk = _chunk(path, "model/w")
     data = bytearray(chunk.read_bytes())
     offset = _offset(path, "model/w")
     data[offset + 5] ^= 0x10
     chunk.write_bytes(bytes(data))
     with pytest.raises(ucp.ChecksumError) as err:
-        ucp.load(path)
+        ucp.load(path, store_options=IO[io_path])
     frag_key = chunk.parent.relative_to(path / "data")
     where = f"{chunk} bytes {offset}..{offset + 48}" if io_path == "packed" else str(chunk)
     assert str(err.value).startswith(
@@ -65,18 +65,18 @@ def test_flipped_byte_is_a_checksum_error(tmp_path, io_path):
     assert str(err.value).endswith(
         "the file is corrupt - restore it from a replica or load an older checkpoint (verify=False skips the check)"
     )
-    assert not torch.equal(ucp.load(path, verify=False)["model"]["w"], state["model"]["w"])
-    assert torch.equal(ucp.load(path, verify=False)["model"]["b"], state["model"]["b"])
+    assert not torch.equal(ucp.load(path, verify=False, store_options=IO[io_path])["model"]["w"], state["model"]["w"])
+    assert torch.equal(ucp.load(path, verify=False, store_options=IO[io_path])["model"]["b"], state["model"]["b"])
 
 
 def test_truncated_chunk_is_truncated_data(tmp_path, io_path):
     path = tmp_path / "c"
-    _save(path)
+    _save(path, store_options=IO[io_path])
     chunk = _chunk(path, "model/w")
     offset = _offset(path, "model/w")
     chunk.write_bytes(chunk.read_bytes()[: offset + 44])
     with pytest.raises(ucp.TruncatedDataError) as err:
-        ucp.load(path, verify=False)
+        ucp.load(path, verify=False, store_options=IO[io_path])
     key = chunk.parent.relative_to(path / "data")
     detail = {
         "packed": f"is shorter than the manifest says (bytes {offset}..{offset + 48} wanted, 44 found)",
@@ -93,11 +93,11 @@ def test_truncated_chunk_is_truncated_data(tmp_path, io_path):
 
 def test_deleted_fragment_or_chunk_is_incomplete(tmp_path, io_path):
     path = tmp_path / "c"
-    _save(path)
+    _save(path, store_options=IO[io_path])
     chunk = _chunk(path, "model/w")
     chunk.unlink()
     with pytest.raises(ucp.IncompleteCheckpointError) as err:
-        ucp.load(path)
+        ucp.load(path, store_options=IO[io_path])
     key = chunk.parent.relative_to(path / "data")
     assert str(err.value) == (
         f"tensor 'model/w' (fragment '{key}' of rank 0): {chunk} is missing; the checkpoint is incomplete - "
@@ -108,7 +108,7 @@ def test_deleted_fragment_or_chunk_is_incomplete(tmp_path, io_path):
     shutil.rmtree(chunk.parent)
     missing = chunk.parent if io_path == "tensorstore" else chunk
     with pytest.raises(ucp.IncompleteCheckpointError) as err:
-        ucp.load(path)
+        ucp.load(path, store_options=IO[io_path])
     assert str(err.value) == (
         f"tensor 'model/w' (fragment '{key}' of rank 0): {missing} is missing; the checkpoint is incomplete - "
         "load an older checkpoint"
@@ -159,7 +159,7 @@ def test_memory_store_corruption_is_detected(tmp_path, io_path):
     import fsspec
 
     url = f"memory://integrity-{tmp_path.name}/c"
-    _save(url)
+    _save(url, store_options=IO[io_path])
     fs = fsspec.filesystem("memory")
     manifest = json.loads(fs.cat_file(f"/integrity-{tmp_path.name}/c/manifest.json"))
     frag = manifest["tensors"]["model/w"]["fragments"][0]
@@ -168,7 +168,7 @@ def test_memory_store_corruption_is_detected(tmp_path, io_path):
     data[frag.get("pack_offset", 0)] ^= 1
     fs.pipe_file(chunk, bytes(data))
     with pytest.raises(ucp.ChecksumError, match=r"checksum mismatch in tensor 'model/w': file memory://"):
-        ucp.load(url)
+        ucp.load(url, store_options=IO[io_path])
 
 
 def test_verify_cli_exit_codes_and_report(tmp_path, capsys):

@@ -12,9 +12,9 @@ import torch
 
 import ucp
 import ucp.confined
-import ucp.storage
 from ucp.sharding import split_fragment_map
 from ucp.spec import LogicalTensor
+from ucp.stores import StoreOptions
 
 TENSORS = {f"layer{i}.norm": torch.arange(8, dtype=torch.float32) + i for i in range(40)}
 
@@ -51,8 +51,7 @@ def test_a_load_alternating_between_packs_reads_each_pack_once(tmp_path, monkeyp
 
 def test_the_pack_cache_keeps_to_its_budget(tmp_path, monkeypatch):
     _save_over_two_ranks(tmp_path / "ck")
-    monkeypatch.setattr(ucp.storage, "PACK_CACHE_BYTES", 1)  # room for the newest pack only
     reads = _counting_reads(monkeypatch)
-    out = ucp.load(tmp_path / "ck")
+    out = ucp.load(tmp_path / "ck", store_options=StoreOptions(pack_cache_bytes=1))  # room for the newest pack only
     assert all(torch.equal(out[n], t) for n, t in TENSORS.items())
     assert len([r for r in reads if "/pack-" in r]) == 2 * len(TENSORS)  # every turn re-reads: the old behaviour

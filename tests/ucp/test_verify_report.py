@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ucp
-import ucp.writer
+from ucp.stores import StoreOptions
 from tools.cli import main as ucp_main
 
 STATE = {"a": torch.arange(12.0).view(3, 4), "b": torch.ones(5, dtype=torch.int64), "c": torch.zeros(2, 2),
@@ -18,10 +18,9 @@ STATE = {"a": torch.arange(12.0).view(3, 4), "b": torch.ones(5, dtype=torch.int6
 
 
 @pytest.fixture()
-def checkpoint(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)  # each tensor its own array
+def checkpoint(tmp_path) -> Path:
     path = tmp_path / "c"
-    ucp.save(STATE, path)
+    ucp.save(STATE, path, store_options=StoreOptions(pack_max_bytes=0))  # each tensor its own array
     return path
 
 

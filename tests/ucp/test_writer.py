@@ -42,17 +42,13 @@ def test_state_tree_must_be_json(tmp_path):
     writer.abort()
 
 
-def test_remote_store_multi_chunk_through_tensorstore(monkeypatch, tmp_path):
-    import ucp.reader
-    import ucp.storage
-    import ucp.writer
+def test_remote_store_multi_chunk_through_tensorstore(tmp_path):
+    from ucp.stores import StoreOptions
 
-    monkeypatch.setattr(ucp.writer, "PACK_MAX_BYTES", 0)
-    monkeypatch.setattr(ucp.writer, "SMALL_ARRAY_BYTES", -1)
-    monkeypatch.setattr(ucp.storage, "CHUNK_BYTES", 64)
     url = f"memory://writer-{tmp_path.name}/c"
     w = torch.randn(37, 5)
-    ucp.save({"w": w, "s": torch.tensor(2)}, url)
+    ucp.save({"w": w, "s": torch.tensor(2)}, url, store_options=StoreOptions(pack_max_bytes=0, small_array_bytes=-1,
+                                                                            chunk_bytes=64))
     import fsspec
 
     files = fsspec.filesystem("memory").find(f"/writer-{tmp_path.name}/c")

@@ -1,0 +1,120 @@
+"""The I/O tuning of a store: one frozen value instead of module globals.
+
+Every number here changes speed and memory, never the bytes of a checkpoint
+(``pack_align`` is recorded implicitly in each pack's offsets, which readers
+take from the manifest). A save or load takes one ``StoreOptions``; tests pick
+an I/O path by passing one instead of patching private globals::
+
+    >>> opts = StoreOptions.parse("chunk_bytes=64,pack_max_bytes=0")
+    >>> opts.chunk_bytes, opts.pack_max_bytes, opts.io_threads
+    (64, 0, 4)
+    >>> StoreOptions.from_dict(opts.to_dict()) == opts
+    True
+    >>> str(opts)
+    'chunk_bytes=64,pack_max_bytes=0'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from ucp.errors import InvalidArgumentError
+
+__all__ = ["StoreOptions", "DEFAULT_OPTIONS"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreOptions:
+    """How a store moves bytes (defaults: measured on local NVMe and tmpfs, docs/BENCHMARKS.md)."""
+
+    # Arrays of one chunk up to this size are written and read as plain files, without
+    # tensorstore: opening a tensorstore costs ~0.3 ms, which dominates for the thousands
+    # of biases and norms of a model. -1 sends every array through the chunked path.
+    small_array_bytes: int = 4 << 20
+    # Target bytes per chunk: large, so a partial read touches few chunk files, and
+    # bounded, so a read buffer (one chunk) stays small next to a shard.
+    chunk_bytes: int = 32 << 20
+    # Threads that write, read and fsync plain chunk files: I/O overlaps, and hashing with it.
+    io_threads: int = 4
+    # Plain chunk writes go in pieces this big, each hashed right before it is written.
+    write_piece_bytes: int = 1 << 20
+    # Fragments up to this size are packed into a few files per rank (docs/FORMAT.md,
+    # "Packs"); 0 gives every fragment its own array.
+    pack_max_bytes: int = 256 << 10
+    pack_target_bytes: int = 16 << 20
+    pack_align: int = 64
+    # Writes kept in flight: enough to keep the disk busy with many small tensors, few enough
+    # that buffers of writes stay bounded (every in-flight byte counts, copied or not).
+    max_inflight: int = 64
+    max_inflight_bytes: int = 64 << 20
+    # Chunks read ahead within one copy; whole-fragment reads in flight at once.
+    prefetch_chunks: int = 2
+    reads_in_flight: int = 8
+    # Bytes of packs a reader keeps (least recently used dropped first; the newest is always
+    # kept). A rank loading under another layout takes each tensor's pieces from several source
+    # ranks' packs in turn: with one pack kept, every switch re-read a whole pack (~16 MiB) for
+    # one small tensor. Four packs of the writer's 16 MiB target fit.
+    pack_cache_bytes: int = 64 << 20
+    # Rows of a partial copy go through the read buffer in slabs of about this many bytes.
+    slab_bytes: int = 64 << 20
+    # A local store writes and reads chunk files itself (docs/FORMAT.md, section 8); False
+    # sends its multi-chunk arrays through tensorstore, as on object stores.
+    direct_writes: bool = True
+    direct_reads: bool = True
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise InvalidArgumentError(f"StoreOptions.{f.name} must be True or False, got {value!r}")
+                continue
+            low = -1 if f.name == "small_array_bytes" else 0 if f.name in ("pack_max_bytes", "prefetch_chunks") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"StoreOptions.{f.name} must be an integer >= {low}, got {value!r}")
+
+    def with_(self, **changes: object) -> "StoreOptions":
+        """A copy with some fields changed (checked like the constructor)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StoreOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidArgumentError(f"unknown store option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def parse(cls, text: str) -> "StoreOptions":
+        """``"chunk_bytes=64,direct_reads=false"`` (the fields that differ from the defaults)."""
+        types = {f.name: f.type for f in fields(cls)}
+        values: dict = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, sep, raw = item.partition("=")
+            name = name.strip()
+            if not sep or name not in types:
+                raise InvalidArgumentError(f"store option {item!r} is not NAME=VALUE with a known NAME "
+                                           f"({', '.join(sorted(types))})")
+            raw = raw.strip()
+            if types[name] == "bool":
+                if raw.lower() not in ("true", "false"):
+                    raise InvalidArgumentError(f"store option {name} must be true or false, got {raw!r}")
+                values[name] = raw.lower() == "true"
+            else:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise InvalidArgumentError(f"store option {name} must be an integer, got {raw!r}") from None
+        return cls(**values)
+
+    def __str__(self) -> str:
+        default = DEFAULT_OPTIONS.to_dict()
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                        for k, v in self.to_dict().items() if v != default[k])
+
+
+DEFAULT_OPTIONS = StoreOptions()
