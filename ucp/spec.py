@@ -57,10 +57,17 @@ class LogicalTensor:
 class ShardPiece:
     """A region of a local tensor equal to a region of logical tensor ``logical``.
 
-    ``local`` and ``target`` must be the same kind: two boxes of equal sizes
-    (the local box is over the local tensor's shape, the target box over the
-    logical shape) or two flat ranges of equal length (over the row-major
-    flattenings).
+    Three kinds, each with equal element counts on both sides:
+
+    * ``Box <-> Box`` of equal sizes (the local box is over the local tensor's
+      shape, the target box over the logical shape);
+    * ``FlatRange <-> FlatRange`` of equal length (over the row-major flattenings);
+    * ``FlatRange <-> Box``: a run of the local tensor's flattening that holds the
+      target box in row-major order (a ZeRO buffer's share of a row-parallel
+      shard: whole rows of the box, one run of the buffer)::
+
+        >>> ShardPiece("w", local=FlatRange(10, 16), target=Box((0, 4), (2, 3))).local.numel
+        6
     """
 
     logical: str
@@ -73,14 +80,15 @@ class ShardPiece:
                 raise LayoutError(
                     f"piece of {self.logical!r}: local box {self.local} and target box {self.target} differ in size"
                 )
-        elif isinstance(self.local, FlatRange) and isinstance(self.target, FlatRange):
+        elif isinstance(self.local, FlatRange) and isinstance(self.target, (FlatRange, Box)):
             if self.local.numel != self.target.numel:
                 raise LayoutError(
                     f"piece of {self.logical!r}: local {self.local} and target {self.target} differ in length"
                 )
         else:
             raise LayoutError(
-                f"piece of {self.logical!r}: local and target regions must both be boxes or both flat ranges"
+                f"piece of {self.logical!r}: a local box needs a target box of the same sizes, and a local flat "
+                "range a target flat range or box of the same length"
             )
 
 

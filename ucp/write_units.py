@@ -14,6 +14,7 @@ of the piece and the local tensor, so the spreading is tested without processes:
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any
 
@@ -24,13 +25,30 @@ from ucp.spec import SPREAD_MIN_BYTES, ShardPiece, TensorSpec
 
 
 def write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> list[tuple[Region, Region]]:
-    """The (local-in-data, target) sub-regions this replica writes of one piece."""
-    whole_local: Region = Box.full(tuple(data.shape)) if isinstance(piece.local, Box) else FlatRange(0, data.numel())
+    """The (local-in-data, target) sub-regions this replica writes of one piece.
+
+    ``data`` is the piece's part of the local tensor (:func:`local_region`).
+    """
+    return write_plan(piece, data.numel() * data.element_size(), tspec)
+
+
+def write_plan(piece: ShardPiece, nbytes: int, tspec: TensorSpec) -> list[tuple[Region, Region]]:
+    """:func:`write_units` without the tensor: what this replica writes of a piece of ``nbytes`` bytes.
+
+    Local regions are relative to the piece's own data: a box of its sizes, or a run of its
+    flattening (a ``FlatRange`` local piece; its target box is split along dim 0, whose slices
+    are runs of the same row-major order)::
+
+        >>> piece = ShardPiece("w", local=FlatRange(0, 8 << 20), target=Box((0, 0), (1024, 8192)))
+        >>> write_plan(piece, 32 << 20, TensorSpec("b", (piece,), replica=1, replicas=2))[0][1]
+        Box(offsets=(512, 0), sizes=(512, 8192))
+    """
+    flat_local = isinstance(piece.local, FlatRange)
+    whole_local: Region = FlatRange(0, piece.local.numel) if flat_local else Box.full(piece.local.sizes)
     if tspec.replicas == 1:
         return [(whole_local, piece.target)]
     if tspec.policy == "take-first":
         return [(whole_local, piece.target)] if tspec.replica == 0 else []
-    nbytes = data.numel() * data.element_size()
     splittable = isinstance(piece.target, FlatRange) or piece.target.ndim > 0
     if nbytes < SPREAD_MIN_BYTES or not splittable:
         chosen = zlib.crc32(f"{piece.logical}{piece.target}".encode()) % tspec.replicas
@@ -45,13 +63,15 @@ def write_units(piece: ShardPiece, data: torch.Tensor, tspec: TensorSpec) -> lis
     if not length:
         return []
     sizes = (length,) + piece.target.sizes[1:]
-    local = Box((offset,) + (0,) * (len(sizes) - 1), sizes)
     target = Box((piece.target.offsets[0] + offset,) + piece.target.offsets[1:], sizes)
-    return [(local, target)]
+    if flat_local:
+        row = math.prod(sizes[1:])
+        return [(FlatRange(offset * row, (offset + length) * row), target)]
+    return [(Box((offset,) + (0,) * (len(sizes) - 1), sizes), target)]
 
 
 def local_region(tensor: torch.Tensor, region: Region) -> torch.Tensor:
-    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range.
+    """The part of a local tensor a piece names: box-shaped, or 1-d for a flat range (whatever its target).
 
     The piece must fit (:func:`ucp.save_checks.check_pieces` says so first).
     """

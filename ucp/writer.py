@@ -19,7 +19,6 @@ referenced, not copied, until the write completes: leave them unchanged until
 from __future__ import annotations
 
 import functools
-import re
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,8 +31,9 @@ from ucp import checksum as _checksum
 from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing,
                         new_token, open_target, write_part)
 from ucp.dtypes import host_array, storage_dtype
+from ucp.fragment_plan import PACK_ALIGN, PACK_MAX_BYTES, PACK_TARGET_BYTES, array_key
 from ucp.errors import CheckpointExistsError, InvalidArgumentError, LayoutError, NameConflictError, UcpError
-from ucp.geometry import Box, Region, region_to_dict
+from ucp.geometry import Box, Region, region_shape, region_to_dict
 from ucp.manifest import MANIFEST_NAME, Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
@@ -44,11 +44,8 @@ from ucp.write_units import average_replicas, local_region, write_units
 # Writes kept in flight: enough to keep the disk busy with many small tensors, few
 # enough that buffers of writes (copies of non-contiguous or GPU tensors, tensorstore's
 # encoded chunks) stay bounded: every in-flight byte counts, whether copied or not.
-# Fragments up to PACK_MAX_BYTES are packed into a few files per rank (docs/FORMAT.md,
+# Fragments up to PACK_MAX_BYTES (ucp.fragment_plan) are packed into a few files per rank (docs/FORMAT.md,
 # "Packs"): thousands of biases and norms otherwise cost thousands of files.
-PACK_MAX_BYTES = 256 << 10
-PACK_TARGET_BYTES = 16 << 20
-PACK_ALIGN = 64
 MAX_INFLIGHT = 64
 MAX_INFLIGHT_BYTES = 64 << 20
 # Local arrays are written as plain chunk files straight from the tensor's memory
@@ -211,20 +208,17 @@ class CheckpointWriter:
                 self._write(lt.name, name, data, sub_local, sub_target)
 
     def _write(self, logical: str, dtype: str, data: torch.Tensor, local: Region, target: Region) -> None:
-        if isinstance(local, Box):
-            part = data[local.slices()] if local.ndim else data
-            shape = local.sizes
-        else:
-            part = data[local.start : local.stop]
-            shape = (local.numel,)
+        # The fragment is the target region: a box target of a flat local run (a ZeRO buffer's
+        # share of a shard) is that run, which holds the box in row-major order, reshaped.
+        part = (data[local.slices()] if local.ndim else data) if isinstance(local, Box) else data[local.start : local.stop]
+        shape = region_shape(target)
         array = host_array(part).reshape(shape)
         rows = chunk_rows_for(shape, array.itemsize)
         chunks = chunk_count(shape, rows)
         if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
             self._add_to_pack(logical, array, target, rows)
             return
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", logical)[:80]
-        rel = f"data/{self._target.key_prefix}r{self.rank}/{self._counter:06d}-{safe}"
+        rel = "data/" + array_key(self.rank, self._counter, logical, prefix=self._target.key_prefix)
         self._counter += 1
         attributes = {"ucp": {"dtype": dtype, "logical": logical, "region": region_to_dict(target)}}
         frag = Fragment(key=rel.removeprefix("data/"), rank=self.rank, region=target,
