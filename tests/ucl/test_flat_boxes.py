@@ -223,3 +223,43 @@ def _dtensor_worker(rank: int, port: int, path: str) -> None:
 def test_dtensors_load_what_flat_to_box_pieces_saved(tmp_path):
     test_explicit_flat_to_box_maps_save_and_load_bitwise(tmp_path)
     mp.spawn(_dtensor_worker, args=(_free_port(), str(tmp_path / "c")), nprocs=2, join=True)
+
+
+def _as_runs(fmap: FragmentMap) -> FragmentMap:
+    """The map as the compiler made it before boxes: one ``FlatRange <-> FlatRange`` piece per run of a row."""
+    tensors = {}
+    for key, spec in fmap.tensors.items():
+        pieces = []
+        for p in spec.pieces:
+            if not (isinstance(p.local, FlatRange) and isinstance(p.target, Box)):
+                pieces.append(p)
+                continue
+            shape, start = fmap.logical[p.logical].shape, p.local.start
+            for sub in contiguous_boxes(p.target, shape):
+                flat = sum(o * math.prod(shape[d + 1:]) for d, o in enumerate(sub.offsets))
+                pieces.append(ShardPiece(p.logical, FlatRange(start, start + sub.numel), FlatRange(flat, flat + sub.numel)))
+                start += sub.numel
+        tensors[key] = TensorSpec(key, tuple(pieces), spec.replica, spec.replicas, spec.policy)
+    return FragmentMap(rank=fmap.rank, logical=fmap.logical, tensors=tensors)
+
+
+def test_checkpoints_saved_with_one_fragment_per_run_still_load_into_box_pieces(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    w, v = torch.randn(8, 10, generator=g), torch.randn(4, 6, generator=g)
+    path = str(tmp_path / "old")
+    for rank in range(2):
+        fmap = _as_runs(_buffer_map(rank, ["w", "v"]))
+        buf = torch.zeros(46)
+        for p in fmap.tensors["buf"].pieces:
+            buf[p.local.start : p.local.stop] = {"w": w, "v": v}[p.logical].reshape(-1)[p.target.start : p.target.stop]
+        ucp.save({"buf": buf, "edge": w[[0, 7][rank]].view(1, 10).clone()}, path, spec=fmap, rank=rank, world_size=2)
+    ucp.finalize(path, world_size=2)
+    regions = [f["region"] for f in json.loads(open(f"{path}/manifest.json").read())["tensors"]["w"]["fragments"]]
+    assert sum("flat" in r for r in regions) == 12  # rows 1..6 of two column halves: the old layout
+    for rank in range(2):
+        fmap = _buffer_map(rank, ["v", "w"])
+        into = {"buf": torch.zeros(46), "edge": torch.zeros(1, 10)}
+        ucp.load(path, into=into, spec=fmap)
+        for p in fmap.tensors["buf"].pieces:
+            want = {"w": w, "v": v}[p.logical][p.target.slices()].reshape(-1)
+            assert torch.equal(into["buf"][p.local.start : p.local.stop], want)
