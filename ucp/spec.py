@@ -37,9 +37,14 @@ from typing import Any
 from ucp.errors import LayoutError, ManifestError
 from ucp.geometry import Box, FlatRange, Region, region_from_dict, region_to_dict
 
-# A replicated piece is split among its replicas for writing only above this
-# many bytes; smaller ones are written whole by one replica chosen by name hash.
-SPREAD_MIN_BYTES = 1 << 20
+# A replicated piece is split among its replicas for writing into parts of at least
+# this many bytes (at most one per replica); smaller ones are written whole by one
+# replica chosen by name hash (ucp.write_units).
+SPREAD_MIN_BYTES = 4 << 20
+# ... and into at most this many parts, whatever the number of replicas: the fragments of a
+# replicated piece (manifest entries, files, checksums) do not grow with dp. The writes still
+# spread, because each piece starts at its own replica (a hash) and a rank holds many pieces.
+SPREAD_MAX_PARTS = 16
 
 REPLICA_POLICIES = ("check-equal", "take-first", "average")
 

@@ -143,7 +143,7 @@ def test_spreading_a_flat_to_box_piece_over_replicas_writes_every_row_once(repli
     covered = torch.zeros(7, 300, dtype=torch.int32)
     for replica in range(replicas):
         spec = TensorSpec("b", (piece,), replica=replica, replicas=replicas)
-        for local, target in write_plan(piece, 4 << 20, spec):  # above SPREAD_MIN_BYTES: split along dim 0
+        for local, target in write_plan(piece, 64 << 20, spec):  # many times SPREAD_MIN_BYTES: split along dim 0
             assert isinstance(local, FlatRange) and local.numel == target.numel
             rows = target.offsets[0] - 2
             assert local.start == rows * 300  # the run of the piece's data holding exactly these rows
