@@ -55,7 +55,8 @@ DIRECT_LOCAL_WRITES = True
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save did, on this rank; ``manifest`` once the checkpoint is committed."""
+    """What a save did, on this rank; ``manifest`` once the checkpoint is committed, on the rank that
+    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment)."""
 
     path: str
     rank: int
@@ -359,35 +360,33 @@ class CheckpointWriter:
         return self._result(committed=True, manifest=manifest)
 
     def _close_collective(self) -> SaveResult:
-        """Gather the parts, merge, commit on rank 0, broadcast the outcome.
+        """Gather the parts on rank 0, which merges and commits, then broadcast the outcome.
 
-        :meth:`_abort` makes the same two collectives in the same order, so a rank that
-        aborts and ranks that close always meet, and every rank learns why a save failed.
+        Only group rank 0 receives the parts (one message from each rank, O(manifest) bytes in
+        all) and holds the manifest; the others send their part and learn the outcome, so no
+        rank but one ever holds every fragment (docs/FORMAT.md, section 9). :meth:`_abort`
+        makes the same two collectives in the same order, so a rank that aborts and ranks that
+        close always meet, and every rank learns why a save failed.
         """
         import torch.distributed as dist
 
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, self._part, group=self._pg)
+        root = dist.get_global_rank(self._pg, 0)
+        parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(self._part, parts, dst=root, group=self._pg)
         outcome: list[Any] = [None]
-        manifest = failure = None
-        try:
-            manifest = merge_parts(parts, created=utc_now())  # every rank checks, so every rank raises alike
-        except UcpError as err:
-            failure = err
+        manifest = None
         if self.rank == 0:
             try:
-                if failure is None:
-                    commit(self._target, manifest)
+                manifest = merge_parts(parts, created=utc_now())
+                commit(self._target, manifest)
             except Exception as err:  # noqa: BLE001 - reported to every rank
                 outcome[0] = err
-            if failure is not None or outcome[0] is not None:
                 self._cleanup()
-        dist.broadcast_object_list(outcome, src=dist.get_global_rank(self._pg, 0), group=self._pg)
-        if failure is not None:
-            if self._part["error"]:
-                raise UcpError(f"save aborted on this rank: {self._part['error']}") from failure
-            raise failure
+            parts = None
+        dist.broadcast_object_list(outcome, src=root, group=self._pg)
         if outcome[0] is not None:
+            if self._part["error"]:
+                raise UcpError(f"save aborted on this rank: {self._part['error']}") from outcome[0]
             raise outcome[0]
         return self._result(committed=True, manifest=manifest)
 
@@ -417,11 +416,17 @@ class CheckpointWriter:
             import torch.distributed as dist
 
             self._part["error"] = reason
-            parts: list[Any] = [None] * self.world_size
-            dist.all_gather_object(parts, self._part, group=self._pg)
+            root = dist.get_global_rank(self._pg, 0)
+            parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(self._part, parts, dst=root, group=self._pg)
+            outcome: list[Any] = [None]
             if self.rank == 0:
+                try:
+                    merge_parts(parts, created=utc_now())  # raises, naming the rank(s) that failed and why
+                except UcpError as err:
+                    outcome[0] = err
                 self._cleanup()
-            dist.broadcast_object_list([None], src=dist.get_global_rank(self._pg, 0), group=self._pg)
+            dist.broadcast_object_list(outcome, src=root, group=self._pg)
         else:
             self._give_up(reason)
 
