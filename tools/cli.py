@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "demo": "tools.demo_cli",
     "verify": "tools.verify_cli",
     "inspect": "tools.inspect_cli",
+    "convert": "tools.convert_cli",
+    "diff": "tools.diff_cli",
     "bench": "tools.bench_cli",
     "ucl": "tools.ucl_cli",
     "logs": "tools.logs_cli",

@@ -1,6 +1,6 @@
 """``ucp ettr``: expected ETTR over checkpoint intervals, and the best interval.
 
-A thin wrapper over :mod:`reliability.ettr`. Examples::
+A thin wrapper over :mod:`reliability.ettr.report` (argument parsing and the table). Examples::
 
     ucp ettr --gpus 16000 --failures-per-1000-node-days 6.5 --restart-min 5 --save-min 1
     ucp ettr --nodes 128 --from-logs analysis.json --save-min 0.5 --interval-min 30 --json
@@ -16,7 +16,7 @@ import json
 import math
 import sys
 
-__all__ = ["register", "run", "compute_report", "main"]
+__all__ = ["register", "run", "main"]
 
 _EPILOG = """\
 Units: the failure rate is per node-day (as Kokolis et al. 2024 quote it, per 1000
@@ -54,85 +54,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
     return parser
-
-
-def _job_from_args(args):
-    from reliability.ettr.adaptive import failures_per_node_day_from_report, load_logs_report
-    from reliability.ettr.model import ETTRInputError, JobReliability
-
-    if args.gpus is not None:
-        if args.gpus < 1 or args.gpus_per_node < 1:
-            raise ETTRInputError("--gpus and --gpus-per-node must be positive integers")
-        nodes = math.ceil(args.gpus / args.gpus_per_node)
-    else:
-        nodes = args.nodes
-    times = {
-        "restart_s": args.restart_min * 60.0,
-        "queue_s": args.queue_min * 60.0,
-        "save_blocking_s": args.save_min * 60.0,
-    }
-    minutes = (("--restart-min", args.restart_min), ("--queue-min", args.queue_min), ("--save-min", args.save_min))
-    for flag, value in minutes:
-        if not (math.isfinite(value) and value >= 0):
-            raise ETTRInputError(f"{flag} must be >= 0 minutes, got {value!r}")
-    if args.failures_per_1000_node_days is not None:
-        if not args.failures_per_1000_node_days > 0:
-            raise ETTRInputError("--failures-per-1000-node-days must be > 0")
-        return JobReliability.from_per_1000_node_days(nodes, args.failures_per_1000_node_days, **times)
-    if args.mttf_hours is not None:
-        return JobReliability.from_mttf_hours(nodes, args.mttf_hours, **times)
-    rate = failures_per_node_day_from_report(load_logs_report(args.from_logs))
-    return JobReliability(nodes=nodes, failures_per_node_day=rate, **times)
-
-
-def _interval_grid_s(job, extra_s: list[float]) -> list[float]:
-    # Minutes that people actually choose, up to the job MTTF (past it the model means nothing).
-    grid = [m * 60.0 for m in (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 480, 720, 1440)]
-    grid = [t for t in grid if t <= job.mttf_s] or [min(60.0, job.mttf_s)]
-    return sorted(set(grid) | {round(t, 6) for t in extra_s})
-
-
-def compute_report(job, *, interval_s: float | None = None, simulate: bool = False) -> dict:
-    """Everything ``ucp ettr`` prints, as a plain dict (minutes, as the CLI speaks).
-
-    >>> from reliability.ettr.model import JobReliability
-    >>> job = JobReliability.from_per_1000_node_days(2000, 6.5, restart_s=300.0, save_blocking_s=60.0)
-    >>> report = compute_report(job)
-    >>> round(report["optimal_interval_min"], 1), round(report["ettr_at_optimal"], 3)
-    (13.6, 0.832)
-    """
-    from reliability.ettr.model import daly_interval_s, expected_ettr, optimal_interval_s, young_interval_s
-
-    optimal = optimal_interval_s(job)
-    young, daly = young_interval_s(job), daly_interval_s(job)
-    wanted = [optimal] + ([interval_s] if interval_s is not None else [])
-    grid = _interval_grid_s(job, wanted)
-    rows = [{"interval_min": t / 60.0, "ettr": expected_ettr(job, interval_s=t)} for t in grid]
-    if simulate:
-        from reliability.ettr.simulator import simulate_grid
-
-        for row, result in zip(rows, simulate_grid(job, intervals_s=grid, runs=100, seed=0)):
-            row["simulated_ettr"] = result.ettr
-            row["simulated_stderr"] = result.stderr
-    report = {
-        "nodes": job.nodes,
-        "failures_per_1000_node_days": job.failures_per_node_day * 1000.0,
-        "job_mttf_hours": job.mttf_s / 3600.0,
-        "save_min": job.save_blocking_s / 60.0,
-        "restart_min": job.restart_s / 60.0,
-        "queue_min": job.queue_s / 60.0,
-        "optimal_interval_min": optimal / 60.0,
-        "ettr_at_optimal": expected_ettr(job, interval_s=optimal),
-        "young_interval_min": young / 60.0,
-        "ettr_at_young": expected_ettr(job, interval_s=young) if young > 0 else None,
-        "daly_interval_min": daly / 60.0,
-        "ettr_at_daly": expected_ettr(job, interval_s=daly) if daly > 0 else None,
-        "intervals": rows,
-    }
-    if interval_s is not None:
-        report["interval_min"] = interval_s / 60.0
-        report["ettr_at_interval"] = expected_ettr(job, interval_s=interval_s)
-    return report
 
 
 def _print_table(report: dict) -> None:
@@ -180,30 +101,22 @@ def _print_table(report: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reliability.ettr.model import ETTRInputError
+    from reliability.ettr.report import compute_report, job_from_inputs, plot_report
 
     try:
-        job = _job_from_args(args)
-        interval_s = None
-        if args.interval_min is not None:
-            if not (math.isfinite(args.interval_min) and args.interval_min > 0):
-                raise ETTRInputError(f"--interval-min must be > 0, got {args.interval_min!r}")
-            interval_s = args.interval_min * 60.0
+        job = job_from_inputs(
+            nodes=args.nodes, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+            failures_per_1000_node_days=args.failures_per_1000_node_days, mttf_hours=args.mttf_hours,
+            logs_report=args.from_logs, save_min=args.save_min, restart_min=args.restart_min,
+            queue_min=args.queue_min,
+        )
+        interval_s = None if args.interval_min is None else args.interval_min * 60.0
         report = compute_report(job, interval_s=interval_s, simulate=args.simulate)
     except ETTRInputError as err:
         print(f"ucp ettr: error: {err}", file=sys.stderr)
         return 2
     if args.plot:
-        from reliability.ettr.plots import plot_interval_curve
-
-        marks = {"ETTR-optimal": report["optimal_interval_min"] * 60.0}
-        if report["save_min"] > 0:
-            marks["Young"] = report["young_interval_min"] * 60.0
-            marks["Daly"] = report["daly_interval_min"] * 60.0
-        if interval_s is not None:
-            marks["T"] = interval_s
-        low = min(30.0, report["optimal_interval_min"] * 60.0 / 3)
-        grid = [low * (job.mttf_s / low) ** (i / 199) for i in range(200)]
-        plot_interval_curve(job, intervals_s=grid, path=args.plot, marks_s=marks)
+        plot_report(job, report, args.plot)
         report["plot"] = str(args.plot)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -30,6 +30,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tools.format_views import foreign_format, inspect_foreign
+
+    if (fmt := foreign_format(args.path)) is not None:  # DCP, safetensors, torch.save...: from its reader
+        return inspect_foreign(args, fmt)
     from ucp.summary import describe
 
     summary = describe(args.path)  # UcpError -> exit 2 in the dispatcher

@@ -1,12 +1,14 @@
-"""``ucp verify PATH``: read every byte of a checkpoint and check its checksums.
+"""``ucp verify PATH``: check everything ``ucp.load`` relies on, and report every problem.
 
-A thin wrapper over :func:`ucp.verify`. Examples::
+A thin wrapper over :func:`ucp.verify` (the manifest, each array's zarr.json,
+every chunk against its size and checksum). Examples::
 
     ucp verify ckpt/step_100
     ucp verify memory://bucket/ckpt --json
 
-Exit codes: 0 clean; 1 damage found (each bad tensor and file is listed), or the
-manifest itself is damaged; 2 not a checkpoint (no committed manifest) or bad usage.
+Exit codes: 0 clean; 1 problems found (each is listed: tensor, file, kind, message),
+including a damaged manifest; 2 not a ucp checkpoint (nothing there, an uncommitted
+save, another format, a plain file) or bad usage.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "verify",
         help="check every fragment of a checkpoint against its checksums",
-        description="Read every chunk of every fragment of a checkpoint and check it against the checksum "
-        "recorded when it was written. Exit 0 clean, 1 damaged, 2 not a checkpoint.",
+        description="Check everything a load relies on: the manifest, each array's zarr.json, and every chunk "
+        "of every fragment (size and checksum). Every problem is reported. Exit 0 clean, 1 damaged, "
+        "2 not a ucp checkpoint.",
     )
     parser.add_argument("path", metavar="PATH", help="checkpoint directory or fsspec URL")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -32,7 +35,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ucp.errors import CheckpointNotFoundError, FormatVersionError, IncompleteCheckpointError, ManifestError
+    from tools.format_views import foreign_format, verify_foreign
+
+    if (fmt := foreign_format(args.path)) is not None:  # DCP, safetensors, torch.save...: read every tensor back
+        return verify_foreign(args, fmt)
+    from ucp.errors import CheckpointNotFoundError, IncompleteCheckpointError, UcpError
     from ucp.verification import verify
 
     try:
@@ -40,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointNotFoundError, IncompleteCheckpointError) as err:
         _emit_failure(args, "not-a-checkpoint", err)
         return 2
-    except (ManifestError, FormatVersionError) as err:
+    except (UcpError, OSError) as err:  # a path no backend opens, a directory that cannot be listed
         _emit_failure(args, type(err).__name__, err)
-        return 1
+        return 2
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
@@ -77,11 +84,11 @@ def _print_report(report) -> None:
         console.print(f"OK {report.path}: {report.tensors} tensors, {report.fragments} fragments, "
                       f"{report.bytes_checked} bytes, {what}")
         return
-    table = Table(title=f"DAMAGED {report.path}: {len(report.problems)} bad fragment(s)")
+    table = Table(title=f"DAMAGED {report.path}: {len(report.problems)} problem(s)")
     for column in ("tensor", "file", "problem"):
         table.add_column(column, overflow="fold")
     for p in report.problems:
-        table.add_row(p.tensor, p.file, p.kind)
+        table.add_row(p.tensor or "(manifest)", p.file, p.kind)
     console.print(table)
     for p in report.problems:
         console.print(f"- {p.message}", markup=False, highlight=False)

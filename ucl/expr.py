@@ -88,7 +88,8 @@ class Expr:
             missing = getattr(err, "name", None) or str(err)
             raise UnboundNameError(
                 f"{self.where[0]}:{self.where[1]}: {missing.replace(_DOT, '.')!r} has no value in {self.text!r} "
-                "(give the program parameter a value, e.g. ucl.load_program(..., NAME=VALUE))"
+                "(give the program parameter a value: ucl.load_program(..., NAME=VALUE), or "
+                "--param NAME=VALUE to ucp ucl check)"
             ) from None
 
     def eval_int(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None) -> int:

@@ -48,6 +48,10 @@ _LAZY = {
     "KeepEvery": "ucp.policies",
     "KeepAll": "ucp.policies",
     "KeepUnion": "ucp.policies",
+    "convert": "ucp.conversion",
+    "ConvertResult": "ucp.conversion",
+    "diff": "ucp.comparison",
+    "DiffReport": "ucp.comparison",
 }
 
 

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from ucp.api import open_writer
-from ucp.errors import AsyncSaveError
+from ucp.errors import AsyncSaveError, SaveTimeoutError
 from ucp.staging import DEFAULT_BUDGET_BYTES, PoolStats, StagedBlock, StagingPool, staged_nbytes
 
 __all__ = ["AsyncSaver", "AsyncSaveHandle", "async_save", "default_saver"]
@@ -104,7 +104,7 @@ class AsyncSaveHandle:
     def exception(self, timeout: float | None = None) -> AsyncSaveError | None:
         """Wait for the save and return its failure, or ``None`` if it committed."""
         if not self._done.wait(timeout):
-            raise TimeoutError(f"async save to {self.path} still running after {timeout} s")
+            raise SaveTimeoutError(f"async save to {self.path} still running after {timeout} s")
         self._observed = True
         atexit.unregister(self._fail_if_lost)
         return self._error

@@ -276,16 +276,21 @@ def _fsync_dir(path: str) -> None:
 
 
 def find_manifest(url: str, *, storage_options: dict | None = None) -> Storage:
-    """The storage of a committed checkpoint, or the error that says why there is none."""
+    """The storage of a committed checkpoint, or the error that says what is there instead.
+
+    ``IncompleteCheckpointError`` only where a ucp save left traces (a staging
+    directory, ``data/`` or ``parts/`` without a manifest); ``NotACheckpointError``
+    for anything else that exists (another format - with the command that converts
+    it -, a plain file, a device, an empty or foreign directory);
+    ``CheckpointNotFoundError`` when nothing is there.
+    """
     final = Storage(url, storage_options=storage_options)
     if final.exists(MANIFEST_NAME):
         return final
-    started = final.exists()
     if final.local:
         parent, name = os.path.split(final.root.rstrip(os.sep))
         prefix = f".{name}.ucp-staging-"
         entries = [e for e in os.listdir(parent) if e.startswith(prefix)] if os.path.isdir(parent) else []
-        started = started or bool(entries)
         old = sorted(e for e in entries if e.startswith(prefix + "old-")
                      and os.path.exists(os.path.join(parent, e, MANIFEST_NAME)))
         if old and not final.exists():
@@ -293,13 +298,93 @@ def find_manifest(url: str, *, storage_options: dict | None = None) -> Storage:
                 f"{final.display()} has no committed {MANIFEST_NAME}: an overwrite was interrupted after moving the "
                 f"previous checkpoint to {os.path.join(parent, old[-1])}; rename that directory back to recover it"
             )
-    if started:
+        started = bool(entries)
+    else:
+        started = False
+    if started or _has_save_traces(final):
         raise IncompleteCheckpointError(
             f"{final.display()} has no committed {MANIFEST_NAME}: a save was started but never committed "
             "(crashed or still running); load an older checkpoint"
         )
-    raise CheckpointNotFoundError(f"no checkpoint at {final.display()} (no {MANIFEST_NAME}); check the path")
+    raise _not_a_checkpoint(final)
 
 
-def read_manifest(storage: Storage) -> Manifest:
-    return Manifest.from_json(storage.read_bytes(MANIFEST_NAME), source=storage.display(MANIFEST_NAME))
+def _has_save_traces(final: Storage) -> bool:
+    """Whether a ucp save wrote into this directory (marker stores write into the target itself)."""
+    from ucp.manifest import DATA_DIR
+
+    if final.local and not os.path.isdir(final.root):
+        return False
+    return final.exists(PARTS_DIR) or final.exists(DATA_DIR)
+
+
+def _not_a_checkpoint(final: Storage) -> CheckpointNotFoundError:
+    """The error for a path with neither a manifest nor traces of a ucp save: say what is there."""
+    from ucp.errors import NotACheckpointError
+
+    where = final.display()
+    kind = _local_kind(final.root) if final.local else ("directory" if final.exists() else None)
+    if kind is None:
+        return CheckpointNotFoundError(f"no checkpoint at {where} (no {MANIFEST_NAME}); check the path")
+    if kind not in ("file", "directory"):
+        return NotACheckpointError(f"{where} is {kind}, not a ucp checkpoint (a directory with {MANIFEST_NAME})")
+    fmt = _foreign_format(final.url)
+    if fmt is not None:
+        return NotACheckpointError(
+            f"{where} is a {fmt.description} (format {fmt.name!r}), not a ucp checkpoint; convert it with: "
+            f"ucp convert {where} NEW_PATH"
+        )
+    if kind == "file":
+        return NotACheckpointError(
+            f"{where} is a file, not a ucp checkpoint (a directory with {MANIFEST_NAME}), and no known format "
+            f"recognises it; if it is a checkpoint of another format, name the format: ucp convert --from FORMAT "
+            f"{where} NEW_PATH"
+        )
+    names = final.listdir()
+    if not names:
+        return NotACheckpointError(f"{where} is an empty directory, not a checkpoint (no {MANIFEST_NAME})")
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return NotACheckpointError(
+        f"{where} is not a ucp checkpoint (no {MANIFEST_NAME}; it holds {shown}) and no known format recognises it"
+    )
+
+
+def _local_kind(path: str) -> str | None:
+    """"file", "directory", a phrase for anything else, or None when nothing is there."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def _foreign_format(url: str):
+    """The registered format that recognises ``url`` (a file or directory), or None."""
+    import ucp.formats  # noqa: F401 - each format registers itself on import
+    from ucp.errors import UcpError
+    from ucp.formats.base import detect_format
+
+    try:
+        return detect_format(url)
+    except UcpError:
+        return None
+
+
+def read_manifest(storage: Storage, *, problems: list | None = None) -> Manifest:
+    """Read and check a committed checkpoint's manifest, refusing one larger than MAX_MANIFEST_BYTES unread.
+
+    ``problems``: collect damaged tensor entries and state trees instead of raising (Manifest.from_dict).
+    """
+    from ucp.manifest import MAX_MANIFEST_BYTES
+
+    data = storage.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
+                             allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
+    return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), checkpoint=storage.display(),
+                              problems=problems)

@@ -83,6 +83,10 @@ class AsyncSaveError(UcpError, RuntimeError):
     """A background save failed; raised from its handle and from the next save."""
 
 
+class SaveTimeoutError(UcpError, TimeoutError):
+    """Waiting for an async save (or for staging space for one) took longer than the timeout given."""
+
+
 class CheckpointExistsError(UcpError, FileExistsError):
     """A committed checkpoint is already at the path and ``overwrite`` was not given."""
 
@@ -109,3 +113,16 @@ class RestoreError(UcpError, RuntimeError):
 
 class RestoreFallbackWarning(UserWarning):
     """CheckpointManager.restore skipped a damaged checkpoint (or recovered one); the message says which and why."""
+
+
+class UnsafePathError(UcpError, PermissionError):
+    """A file of a checkpoint resolves outside it (a symlink), is not a regular file, or is far
+    larger than the manifest says; it was not read."""
+
+
+class NotACheckpointError(CheckpointNotFoundError):
+    """The path holds something other than a ucp checkpoint: another format, a plain file, a device."""
+
+
+class StorageURLError(UcpError, ValueError):
+    """A checkpoint path or URL that no storage backend can open (unknown protocol, missing package)."""

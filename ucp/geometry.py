@@ -24,6 +24,7 @@ and box/flat alike::
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
@@ -40,7 +41,7 @@ class Box:
     def __post_init__(self) -> None:
         if len(self.offsets) != len(self.sizes):
             raise ValueError(f"box offsets {self.offsets} and sizes {self.sizes} differ in rank")
-        if any(o < 0 for o in self.offsets) or any(s < 0 for s in self.sizes):
+        if self.sizes and min(min(self.offsets), min(self.sizes)) < 0:  # min() in C: manifests make millions
             raise ValueError(f"box offsets {self.offsets} and sizes {self.sizes} must be >= 0")
 
     @classmethod
@@ -137,15 +138,57 @@ def region_to_dict(region: Region) -> dict:
 
 
 def region_from_dict(data: dict) -> Region:
-    """Inverse of :func:`region_to_dict`; raises ManifestError on anything else."""
-    try:
-        if set(data) == {"box"}:
-            return Box(tuple(int(v) for v in data["box"]["offsets"]), tuple(int(v) for v in data["box"]["sizes"]))
-        if set(data) == {"flat"}:
-            return FlatRange(int(data["flat"]["start"]), int(data["flat"]["stop"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ManifestError(f"bad region {data!r}: {err}") from None
-    raise ManifestError(f"bad region {data!r}: expected {{'box': ...}} or {{'flat': ...}}")
+    """Inverse of :func:`region_to_dict`; raises ManifestError on anything else.
+
+    Coordinates must be JSON integers (not numbers with a fraction, strings or booleans)::
+
+        >>> region_from_dict({"flat": {"start": 0, "stop": 2.5}})
+        Traceback (most recent call last):
+        ...
+        ucp.errors.ManifestError: bad region {'flat': {'start': 0, 'stop': 2.5}}: coordinates must be integers >= 0
+    """
+    if type(data) is dict and len(data) == 1:  # the fast path, for the many fragments of a manifest
+        box, flat = data.get("box"), data.get("flat")
+        if type(box) is dict and len(box) == 2:
+            offsets, sizes = box.get("offsets"), box.get("sizes")
+            if _int_list(offsets) and _int_list(sizes) and len(offsets) == len(sizes):
+                return Box(tuple(map(int, offsets)), tuple(map(int, sizes)))
+        elif type(flat) is dict and len(flat) == 2:
+            start, stop = flat.get("start"), flat.get("stop")
+            if _int_list((start, stop)) and start <= stop:
+                return FlatRange(int(start), int(stop))
+    raise ManifestError(f"bad region {_shown(data)}: {_region_problem(data)}")
+
+
+def _region_problem(data: object) -> str:
+    if isinstance(data, dict) and set(data) == {"box"} and isinstance(data["box"], dict):
+        offsets, sizes = data["box"].get("offsets"), data["box"].get("sizes")
+        if set(data["box"]) == {"offsets", "sizes"} and _int_list(offsets) and _int_list(sizes):
+            return "offsets and sizes differ in length"
+        return "a box needs lists of integers >= 0 'offsets' and 'sizes'"
+    if isinstance(data, dict) and set(data) == {"flat"} and isinstance(data["flat"], dict):
+        start, stop = data["flat"].get("start"), data["flat"].get("stop")
+        if set(data["flat"]) == {"start", "stop"} and _int_list([start, stop]):
+            return "start is after stop"
+        return "coordinates must be integers >= 0"
+    return "expected {'box': ...} or {'flat': ...}"
+
+
+def _shown(data: object) -> str:
+    text = repr(data)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _int_list(values: object) -> bool:
+    """A list of integers >= 0 (JSON gives ints; parts gathered in memory may hold numpy integers)."""
+    if not isinstance(values, (list, tuple)):
+        return False
+    for v in values:
+        if type(v) is not int and (not isinstance(v, numbers.Integral) or isinstance(v, bool)):
+            return False
+        if v < 0:
+            return False
+    return True
 
 
 def region_numel(region: Region) -> int:
@@ -217,10 +260,24 @@ class Piece:
     span: FlatRange | None
 
 
+def box_fits(box: Box, shape: Sequence[int]) -> bool:
+    """Whether ``box`` lies inside a ``shape`` tensor (same rank, every stop within its dim)."""
+    return len(box.sizes) == len(shape) and all(o + s <= n for o, s, n in zip(box.offsets, box.sizes, shape))
+
+
+def region_fits(region: Region, shape: Sequence[int]) -> bool:
+    """Whether ``region`` lies inside a ``shape`` tensor.
+
+    >>> region_fits(Box((1, 0), (2, 4)), (3, 4)), region_fits(FlatRange(6, 13), (3, 4))
+    (True, False)
+    """
+    return box_fits(region, shape) if isinstance(region, Box) else region.stop <= math.prod(shape)
+
+
 def region_pieces(region: Region, shape: Sequence[int]) -> list[Piece]:
     """Decompose a region of a ``shape`` tensor into pieces (see :class:`Piece`)."""
     if isinstance(region, Box):
-        if len(region.offsets) != len(shape) or not Box.full(shape).contains(region):
+        if not box_fits(region, shape):
             raise ValueError(f"box {region} does not fit in shape {tuple(shape)}")
         return [] if region.is_empty() else [Piece(region, None)]
     pieces = []
@@ -266,11 +323,16 @@ def coverage_gaps(regions: Iterable[Region], shape: Sequence[int]) -> tuple[int,
     """Check that ``regions`` tile a ``shape`` tensor exactly once.
 
     Returns ``(uncovered_elements, overlapping_pairs)`` where the pairs index
-    regions that share elements. ``(0, [])`` means exact coverage. Runs on
-    element counts and pairwise intersections, never on an element mask, so it
-    is cheap for huge tensors.
+    regions that share elements. ``(0, [])`` means exact coverage. An exact
+    tiling is recognised in near-linear time (:func:`tiles_exactly`); only a
+    faulty one is examined pair by pair, never on an element mask::
+
+        >>> coverage_gaps([Box((0, 0), (2, 2)), Box((1, 0), (1, 2))], (3, 2))
+        (2, [(0, 1)])
     """
     regions = list(regions)
+    if tiles_exactly(regions, shape):
+        return 0, []
     pieces = [(i, p.box) for i, r in enumerate(regions) for p in region_pieces(r, shape)]
     overlaps: list[tuple[int, int]] = []
     # Sort by first offset so the pairwise scan can stop early along dim 0.
@@ -287,6 +349,142 @@ def coverage_gaps(regions: Iterable[Region], shape: Sequence[int]) -> tuple[int,
     total = math.prod(shape)
     uncovered = total - covered if not overlaps else max(0, total - _union_numel([b for _, b in pieces]))
     return uncovered, sorted(set(overlaps))
+
+
+# A Mersenne prime: fingerprints are polynomials over this field (see tiles_exactly).
+_FINGERPRINT_PRIME = (1 << 61) - 1
+
+
+def tiles_exactly(regions: Sequence[Region], shape: Sequence[int]) -> bool:
+    """Whether ``regions`` cover every element of a ``shape`` tensor exactly once.
+
+    False as well when a region does not fit in the shape. Near-linear in the
+    number of regions, whatever their arrangement (a manifest may hold 10^6
+    fragments, and a hostile one any arrangement):
+
+    * flat ranges (and boxes of a 1-d tensor) are sorted and must follow each
+      other without gap or overlap;
+    * otherwise the regions' element counts must add up, and a fingerprint must
+      match: each distinct cut coordinate ``c`` of dim ``d`` gets a random value
+      ``P_d(c)`` modulo a 61-bit prime, a box weighs
+      ``prod_d (P_d(stop_d) - P_d(offset_d))``, and the weights of the pieces
+      must add up to the weight of the whole tensor. That sum is a polynomial of
+      degree ``ndim`` in the random values that equals the whole's for every
+      choice exactly when each element is covered once (Schwartz-Zippel), so a
+      faulty tiling passes with probability at most ``ndim / 2**61``. The values
+      are drawn fresh from the OS for each call, so no input can be made to pass.
+
+    >>> tiles_exactly([Box((0, 0), (2, 3)), Box((2, 0), (1, 3))], (3, 3))
+    True
+    >>> tiles_exactly([Box((0, 0), (2, 2)), Box((1, 1), (2, 2)), Box((0, 2), (1, 1))], (3, 3))
+    False
+    >>> tiles_exactly([FlatRange(0, 4), FlatRange(4, 9)], (3, 3))
+    True
+    """
+    shape = tuple(int(s) for s in shape)
+    total = math.prod(shape)
+    regions = [r for r in regions if r.numel]
+    if sum(r.numel for r in regions) != total:
+        return False
+    if len(shape) <= 1 or all(isinstance(r, FlatRange) for r in regions):
+        return _intervals_tile(regions, total)
+    boxes: list[Box] = []
+    for region in regions:
+        if isinstance(region, Box):
+            boxes.append(region)
+        else:
+            try:
+                boxes.extend(box for _, box in flat_to_boxes(region, shape))
+            except ValueError:
+                return False
+    return _fingerprint(boxes, shape)
+
+
+def _intervals_tile(regions: Sequence[Region], total: int) -> bool:
+    """Flat ranges (or boxes of a 0-d/1-d tensor) as intervals of the flattening, sorted and abutting."""
+    spans = sorted((r.start, r.stop) if isinstance(r, FlatRange) else
+                   ((r.offsets[0], r.stops[0]) if r.ndim else (0, 1)) for r in regions)
+    position = 0
+    for start, stop in spans:
+        if start != position:
+            return False
+        position = stop
+    return position == total
+
+
+def _fingerprint(boxes: Sequence[Box], shape: tuple[int, ...]) -> bool:
+    import random
+    import secrets
+
+    prime = _FINGERPRINT_PRIME
+    draw = random.Random(secrets.randbits(128)).getrandbits
+    tables: list[dict[int, int]] = [{} for _ in shape]
+
+    def value(dim: int, coordinate: int) -> int:
+        table = tables[dim]
+        found = table.get(coordinate)
+        if found is None:
+            found = table[coordinate] = draw(61)
+        return found
+
+    whole = 1
+    for dim, size in enumerate(shape):
+        whole = whole * (value(dim, size) - value(dim, 0)) % prime
+    total = 0
+    ndim = len(shape)
+    for box in boxes:
+        if len(box.sizes) != ndim:
+            return False
+        term = 1
+        for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes)):
+            if offset + size > shape[dim]:
+                return False  # does not fit (offsets and sizes are >= 0 by construction)
+            table = tables[dim]
+            low, high = table.get(offset), table.get(offset + size)
+            if low is None:
+                low = value(dim, offset)
+            if high is None:
+                high = value(dim, offset + size)
+            term = term * (high - low) % prime
+        total += term
+    return total % prime == whole
+
+
+def overlapping_regions(regions: Sequence[Region], shape: Sequence[int], *,
+                        budget: int = 1_000_000) -> tuple[int, int] | None:
+    """Indices ``(i, j)`` of two regions that share an element, or None if none is found.
+
+    At most ``budget`` box pairs are compared, so a faulty layout of a million
+    regions is examined in bounded time (None then says nothing)::
+
+        >>> overlapping_regions([FlatRange(0, 5), FlatRange(3, 9), FlatRange(9, 12)], (3, 4))
+        (0, 1)
+    """
+    shape = tuple(shape)
+    if len(shape) <= 1 or all(isinstance(r, FlatRange) for r in regions):
+        spans = sorted(((r.start, r.stop) if isinstance(r, FlatRange) else
+                        ((r.offsets[0], r.stops[0]) if r.ndim else (0, r.numel)), i)
+                       for i, r in enumerate(regions) if r.numel)
+        reach, owner = -1, -1
+        for (start, stop), index in spans:
+            if start < reach:
+                return (min(owner, index), max(owner, index))
+            if stop > reach:
+                reach, owner = stop, index
+        return None
+    pieces = sorted(((p.box, i) for i, r in enumerate(regions) for p in region_pieces(r, shape)),
+                    key=lambda bi: bi[0].offsets[0])
+    for a, (box_a, ia) in enumerate(pieces):
+        for b in range(a + 1, len(pieces)):
+            box_b, ib = pieces[b]
+            budget -= 1
+            if budget < 0:
+                return None
+            if box_b.offsets[0] >= box_a.stops[0]:
+                break
+            if ia != ib and box_a.intersect(box_b) is not None:
+                return (min(ia, ib), max(ia, ib))
+    return None
 
 
 def _union_numel(boxes: list[Box]) -> int:

@@ -14,7 +14,7 @@ against its recorded checksum once per reader::
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Iterator
 
 import numpy as np
@@ -23,15 +23,17 @@ import torch
 from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
-from ucp.errors import ChecksumError, ManifestError
-from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_shape
+from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMismatchError
+from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_fits, region_shape
 from ucp.manifest import Fragment, Manifest, TensorEntry
 from ucp.spec import LogicalTensor
-from ucp.storage import SMALL_ARRAY_BYTES, chunk_count
+from ucp.storage import SMALL_ARRAY_BYTES, Storage, chunk_count
 
 # Chunks read ahead within one copy: enough to overlap I/O with copying, few enough that
 # the read buffer (PREFETCH_CHUNKS + 1 chunks of ~32 MiB) stays small next to a shard.
 PREFETCH_CHUNKS = 2
+# Chunk reads of one fragment in flight at once when it is read straight into its destination.
+READS_IN_FLIGHT = 8
 SLAB_BYTES = 64 << 20
 # Local chunk files are read with plain reads (tensorstore's reader costs several copies of
 # each chunk in peak memory); False reads them through tensorstore like remote ones.
@@ -59,6 +61,18 @@ def _assign(target: torch.Tensor, source: np.ndarray, dtype: str) -> None:
         target.copy_(from_numpy(source, dtype))
 
 
+def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tensor) -> None:
+    """A region inside the tensor, and a destination of the region's storage shape and the tensor's dtype."""
+    if not region_fits(region, entry.shape):
+        raise ShapeMismatchError(f"cannot read {region} of tensor {name!r}: it does not fit its shape "
+                                 f"{list(entry.shape)}")
+    if tuple(dest.shape) != region_shape(region) or dest.dtype != torch_dtype(entry.dtype):
+        raise ShapeMismatchError(
+            f"cannot read {region} of tensor {name!r} into a {str(dest.dtype).removeprefix('torch.')}"
+            f"{list(dest.shape)} tensor; it needs {entry.dtype}{list(region_shape(region))}"
+        )
+
+
 def _cache_key(frag: Fragment, index: int) -> tuple[str, int]:
     """Chunk identity: packed fragments share their pack's key, so their offset tells them apart."""
     return (frag.key, index if frag.pack_offset is None else -1 - frag.pack_offset)
@@ -67,14 +81,19 @@ def _cache_key(frag: Fragment, index: int) -> tuple[str, int]:
 class CheckpointReader:
     """A committed checkpoint opened for reading (manifest parsed and validated)."""
 
-    def __init__(self, path: str, *, verify: bool = True, storage_options: dict | None = None) -> None:
+    def __init__(self, path: str, *, verify: bool = True, storage_options: dict | None = None,
+                 opened: tuple[Storage, Manifest] | None = None) -> None:
+        """Open the checkpoint at ``path`` (``opened``: its storage and manifest, when already read)."""
         self.path = str(path)
-        self.storage = find_manifest(self.path, storage_options=storage_options)
-        self.manifest: Manifest = read_manifest(self.storage)
+        self.storage, self.manifest = opened or (None, None)
+        if self.storage is None:
+            self.storage = find_manifest(self.path, storage_options=storage_options)
+            self.manifest = read_manifest(self.storage)
         self.verify = verify and self.manifest.checksum_algorithm is not None
         self._stores: dict[str, Any] = {}
         self._chunks: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self._verified: set[tuple[str, int]] = set()
+        self._pack_extents: dict[str, int] | None = None  # pack key -> bytes its fragments reach
 
     def close(self) -> None:
         """Drop buffers and I/O threads (the reader stays usable)."""
@@ -93,10 +112,15 @@ class CheckpointReader:
         return {n: LogicalTensor(n, t.shape, t.dtype) for n, t in self.manifest.tensors.items()}
 
     def entry(self, name: str) -> TensorEntry:
+        """The manifest entry of logical tensor ``name`` (KeyMismatchError naming some that exist)."""
         try:
             return self.manifest.tensors[name]
         except KeyError:
-            raise KeyError(f"no logical tensor {name!r} in {self.path}") from None
+            known = sorted(self.manifest.tensors)
+            shown = ", ".join(map(repr, known[:10])) + (", ..." if len(known) > 10 else "")
+            raise KeyMismatchError(
+                f"no logical tensor {name!r} in {self.path}; it has {len(known)}: {shown or 'none'}"
+            ) from None
 
     # -- public reads ----------------------------------------------------------
     def read_tensor(self, name: str, region: Region | None = None) -> torch.Tensor:
@@ -113,6 +137,7 @@ class CheckpointReader:
     def read_into(self, name: str, region: Region, dest: torch.Tensor) -> None:
         """Fill ``dest`` (shaped like the region's storage: box sizes, or 1-d) with ``region`` of ``name``."""
         entry = self.entry(name)
+        _check_read(name, entry, region, dest)
         frags = entry.fragments
         dest_flat = dest.view(-1) if isinstance(region, FlatRange) else None
         for op in plan_overlaps([f.region for f in frags], region, entry.shape):
@@ -189,13 +214,18 @@ class CheckpointReader:
         array = to_numpy(target_view).reshape(shape)
         what = f"tensor {entry.name!r} (fragment {frag.key!r} of rank {frag.rank})"
         rows = frag.chunk_rows
-        jobs = [
-            self.storage.read_chunk_into(f"data/{frag.key}", shape, i, rows, array[i * rows : (i + 1) * rows],
-                                         what=what, digest=_checksum.digest if self.verify else None)
-            for i in range(chunk_count(shape, rows))
-        ]
-        for index, job in enumerate(jobs):
-            found = job.result()
+
+        def start(i: int) -> Any:
+            return self.storage.read_chunk_into(f"data/{frag.key}", shape, i, rows, array[i * rows : (i + 1) * rows],
+                                                what=what, digest=_checksum.digest if self.verify else None)
+
+        # A bounded window of reads in flight: a fragment of a million chunks queues no more.
+        count = chunk_count(shape, rows)
+        window = deque(start(i) for i in range(min(count, READS_IN_FLIGHT)))
+        for index in range(count):
+            found = window.popleft().result()
+            if index + READS_IN_FLIGHT < count:
+                window.append(start(index + READS_IN_FLIGHT))
             if self.verify and (frag.key, index) not in self._verified:
                 self._compare(entry.name, frag, index, found)
 
@@ -270,7 +300,7 @@ class CheckpointReader:
         dtype = storage_dtype(self.manifest.tensors[name].dtype)
         if frag.pack_offset is not None:
             value = self.storage.read_packed(f"data/{frag.key}", frag.pack_offset, region_shape(frag.region), dtype,
-                                             what=what)
+                                             what=what, extent=self.pack_extent(frag.key))
         else:
             value = self.storage.read_small(f"data/{frag.key}", region_shape(frag.region), dtype, what=what)
         if self.verify and _cache_key(frag, 0) not in self._verified:
@@ -279,6 +309,17 @@ class CheckpointReader:
         while len(self._chunks) > PREFETCH_CHUNKS + 2:
             self._chunks.popitem(last=False)
         return value
+
+    def pack_extent(self, key: str) -> int:
+        """How many bytes of pack ``key`` the manifest's fragments reach: all a read of it may take."""
+        if self._pack_extents is None:
+            extents: dict[str, int] = {}
+            for entry in self.manifest.tensors.values():
+                for f in entry.fragments:
+                    if f.pack_offset is not None:
+                        extents[f.key] = max(extents.get(f.key, 0), f.pack_offset + f.nbytes)
+            self._pack_extents = extents
+        return self._pack_extents[key]
 
     def _check(self, name: str, frag: Fragment, index: int, array: np.ndarray) -> None:
         self._compare(name, frag, index, _checksum.digest(np.ascontiguousarray(array)))

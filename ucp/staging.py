@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ucp.errors import AsyncSaveError, InvalidArgumentError
+from ucp.errors import AsyncSaveError, InvalidArgumentError, SaveTimeoutError
 
 __all__ = ["StagingPool", "StagedBlock", "PoolStats", "DEFAULT_BUDGET_BYTES", "staged_nbytes"]
 
@@ -157,7 +157,7 @@ class StagingPool:
             if self._interrupted is not None:
                 raise AsyncSaveError(f"staging interrupted: {self._interrupted}") from self._interrupted
             if not ok:
-                raise TimeoutError(f"no staging space for {nbytes} bytes within {timeout} s")
+                raise SaveTimeoutError(f"no staging space for {nbytes} bytes within {timeout} s")
             start = self._find_space(nbytes)
             assert start is not None
             self._blocks.append([start, start + nbytes, False])

@@ -38,7 +38,11 @@ import numpy as np
 import tensorstore as ts
 from fsspec.implementations.local import LocalFileSystem
 
-from ucp.errors import IncompleteCheckpointError, TruncatedDataError, UcpError
+from ucp import confined
+from ucp.errors import (IncompleteCheckpointError, StorageURLError, TensorTooLargeError, TruncatedDataError, UcpError,
+                        UnsafePathError)
+from ucp.file_io import done_future, fsync_path, hexdigests, little_endian, write_all
+from ucp.zarr_array import ZARR_JSON_LIMIT, array_metadata, chunk_count, chunk_key  # noqa: F401 - re-exported
 
 # Arrays of one chunk up to this size are written and read as plain files, without
 # tensorstore: opening a tensorstore costs ~0.3 ms, which dominates for the
@@ -66,38 +70,6 @@ def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | 
     return max(1, min(rows, shape[0]))
 
 
-def chunk_count(shape: tuple[int, ...], chunk_rows: int) -> int:
-    if math.prod(shape) == 0:
-        return 0
-    if not shape:
-        return 1
-    return -(-shape[0] // chunk_rows)
-
-
-def chunk_key(shape: tuple[int, ...], index: int) -> str:
-    """The zarr v3 default chunk key (separator ".") of chunk ``index`` along dim 0 ("c.3.0.0").
-
-    "." rather than "/" keeps every chunk file directly in the array's directory:
-    one directory per fragment, not one per dimension.
-    """
-    if not shape:
-        return "c"
-    return "c." + ".".join([str(index)] + ["0"] * (len(shape) - 1))
-
-
-def array_metadata(shape: tuple[int, ...], dtype: str, chunk_rows: int, attributes: dict) -> dict:
-    chunks = [chunk_rows] + [max(1, s) for s in shape[1:]] if shape else []
-    return {
-        "shape": list(shape),
-        "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-        "fill_value": False if dtype == "bool" else [0, 0] if dtype.startswith("complex") else 0,
-        "attributes": attributes,
-    }
-
-
 @dataclass
 class _PendingWrite:
     rel: str
@@ -111,7 +83,13 @@ class Storage:
 
     def __init__(self, url: str | os.PathLike, *, storage_options: dict | None = None) -> None:
         self.url = os.fspath(url)
-        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        if not self.url or "\0" in self.url:
+            raise StorageURLError(f"{self.url!r} is not a checkpoint path; give a directory or an fsspec URL")
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except (ValueError, ImportError) as err:  # an unknown protocol, a backend that is not installed
+            raise StorageURLError(f"cannot open {self.url}: {err}; give a local path or an fsspec URL whose "
+                                  "backend is installed (memory://, file://, s3:// with s3fs, ...)") from None
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = os.path.abspath(root) if self.local else root.rstrip("/")
         # No fsync per file: one sync() of the whole save before its commit is far cheaper
@@ -122,6 +100,7 @@ class Storage:
         self._synced: set[str] = set()  # chunk files already fsynced by their writer thread
         self.reused = False  # set when the location may hold arrays of an earlier, killed save
         self._memory = None if self.local else ts.KvStore.open({"driver": "memory"}, context=self.context).result()
+        self._real_root: str | None = None  # the resolved root, once a read needs it (see ucp.confined)
 
     # -- plain files -------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -139,6 +118,44 @@ class Storage:
 
     def read_bytes(self, *parts: str) -> bytes:
         return self.fs.cat_file(self.path(*parts))
+
+    # -- bounded reads of checkpoint files (ucp.confined says why) ------------
+    def read_file(self, rel: str, *, limit: int, allowed: str) -> bytes:
+        """A whole file of at most ``limit`` bytes; larger ones are refused before reading.
+
+        Local files must be regular and inside the root (UnsafePathError). ``allowed`` ends the
+        refusal: "... more than the N that {allowed}".
+        """
+        if self.local:
+            return confined.read_inside(self.root, rel, limit=limit, size_limit=limit, real=self._real(),
+                                        allowed=allowed)[0]
+        path = self.path(rel)
+        info = self.fs.info(path)
+        if info.get("type") != "file" or (info.get("size") or 0) > limit:
+            raise UnsafePathError(
+                f"{self.display(rel)} is not a file of at most {limit} bytes ({info.get('type')}, "
+                f"{info.get('size')} bytes), the most that {allowed}; refusing to read it"
+            )
+        return self.fs.cat_file(path, start=0, end=limit)
+
+    def read_range(self, rel: str, start: int, length: int, *, what: str | None = None) -> tuple[bytes, int | None]:
+        """Bytes ``[start, start + length)`` of a file (fewer at its end) and, locally, its size."""
+        if self.local:
+            return confined.read_inside(self.root, rel, limit=length, start=start, real=self._real(), what=what)
+        return self.fs.cat_file(self.path(rel), start=start, end=start + length), None
+
+    def file_size(self, rel: str, *, what: str | None = None) -> int:
+        """The size of a file that may be read (locally: regular, inside the root, else UnsafePathError)."""
+        if not self.local:
+            return self.fs.size(self.path(rel))
+        fd, info = confined.open_inside(self.root, rel, real=self._real(), what=what)
+        os.close(fd)
+        return info.st_size
+
+    def _real(self) -> str:
+        if self._real_root is None:
+            self._real_root = confined.real_root(self.root)
+        return self._real_root
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a small file durably; on a local disk atomically (temp file + rename)."""
@@ -198,7 +215,7 @@ class Storage:
         files are put through fsspec before this returns.
         """
         shape = tuple(array.shape)
-        array = _little_endian(array)
+        array = little_endian(array)
         rest = math.prod(max(1, s) for s in shape[1:]) if shape else 1
         full = chunk_rows * rest * array.itemsize if shape else array.itemsize
         chunks = [(chunk_key(shape, i), array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array)
@@ -206,7 +223,7 @@ class Storage:
         directory = self._create_array(rel, array_metadata(shape, dtype, chunk_rows, attributes))
         if directory is None:
             self.fs.pipe({self.path(rel, name): part.tobytes() + bytes(full - part.nbytes) for name, part in chunks})
-            return [_done(_hexdigests(hasher, [part])[0]) for _, part in chunks]
+            return [done_future(hexdigests(hasher, [part])[0]) for _, part in chunks]
         pool = self._pool()
         return [pool.submit(self._write_file, os.path.join(directory, name), [part], 1, full, hasher)
                 for name, part in chunks]
@@ -218,14 +235,14 @@ class Storage:
         The bytes go straight from the arrays' memory (as :meth:`write_plain`); returns a
         future of the list of the arrays' hex digests (Nones without ``hasher``).
         """
-        arrays = [_little_endian(a) for a in arrays]
+        arrays = [little_endian(a) for a in arrays]
         total = sum(a.nbytes + (-a.nbytes % align) for a in arrays)
         directory = self._create_array(rel, array_metadata((total,), "uint8", total, {"ucp": {"pack": True}}))
         name = chunk_key((total,), 0)
         if directory is None:
             data = b"".join(a.tobytes() + bytes(-a.nbytes % align) for a in arrays)
             self.fs.pipe_file(self.path(rel, name), data)
-            return _done(_hexdigests(hasher, arrays))
+            return done_future(hexdigests(hasher, arrays))
         return self._pool().submit(self._write_file, os.path.join(directory, name), arrays, align, total, hasher,
                                    every=True)
 
@@ -261,9 +278,9 @@ class Storage:
                     piece = view[start : start + WRITE_PIECE_BYTES]
                     if digest is not None:
                         digest.update(piece)
-                    _write_all(fd, piece)
+                    write_all(fd, piece)
                 if view.nbytes % align:
-                    _write_all(fd, memoryview(zeros)[: -view.nbytes % align])
+                    write_all(fd, memoryview(zeros)[: -view.nbytes % align])
                 found.append(digest.hexdigest() if digest is not None else None)
             if size > os.lseek(fd, 0, os.SEEK_CUR):
                 os.ftruncate(fd, size)  # an edge chunk's fill: zeros, as tensorstore writes it
@@ -291,26 +308,26 @@ class Storage:
         """Read the only chunk of a small array as plain bytes; errors as for tensorstore reads."""
         name = chunk_key(shape, 0)
         where = self.display(rel, name)
-        try:
-            data = self.fs.cat_file(self.path(rel, name))
-        except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-            ) from None
         np_dtype = np.dtype(dtype).newbyteorder("<")
         expected = math.prod(shape) * np_dtype.itemsize
+        try:
+            data, size = self.read_range(posixpath.join(rel, name), 0, expected + 1, what=what)
+        except FileNotFoundError:
+            raise _missing(what, where) from None
         if len(data) != expected:
             raise TruncatedDataError(
-                f"{what}: {where} is shorter or longer than the manifest says ({len(data)} bytes, expected "
+                f"{what}: {where} is shorter or longer than the manifest says ({size or len(data)} bytes, expected "
                 f"{expected}); the file is damaged - restore it from a replica or load an older checkpoint"
             )
         return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
 
-    def read_packed(self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray:
+    def read_packed(self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str,
+                    extent: int) -> np.ndarray:
         """Read one packed fragment: a byte range of a pack array's only chunk.
 
-        The last pack read is kept whole (packs are ~16 MiB), so the many small tensors of a
-        pack cost one file read, not one each.
+        The first ``extent`` bytes of the last pack read (as far as the manifest's fragments of
+        it reach; packs are ~16 MiB) are kept, so the many small tensors of a pack cost one
+        file read, not one each.
         """
         name = chunk_key((0,), 0)
         where = self.display(rel, name)
@@ -318,11 +335,9 @@ class Storage:
         nbytes = math.prod(shape) * np_dtype.itemsize
         if self._pack_cache is None or self._pack_cache[0] != rel:
             try:
-                self._pack_cache = (rel, self.fs.cat_file(self.path(rel, name)))
+                self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0])
             except FileNotFoundError:
-                raise IncompleteCheckpointError(
-                    f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-                ) from None
+                raise _missing(what, where) from None
         data = self._pack_cache[1][offset : offset + nbytes]
         if len(data) != nbytes:
             raise TruncatedDataError(
@@ -364,7 +379,7 @@ class Storage:
         while os.path.normpath(parent) != os.path.normpath(self.root):  # the new entries' directories
             parent = os.path.dirname(parent)
             paths.append(parent)
-        list(self._pool().map(_fsync_path, paths))
+        list(self._pool().map(fsync_path, paths))
 
     def _flush_memory(self, rel: str) -> None:
         prefix = rel.strip("/") + "/"
@@ -376,7 +391,9 @@ class Storage:
     def open_array(self, rel: str, *, what: str) -> Any:
         """Open an existing array for reading; ``what`` names it in errors."""
         if not self.local:
-            self._fetch(rel, "zarr.json", what=what)
+            self._fetch(rel, "zarr.json", what=what, limit=ZARR_JSON_LIMIT)
+        else:
+            self._check_local(rel, "zarr.json", what=what)
         spec = {"driver": "zarr3", "kvstore": self._kvstore(rel), "fill_missing_data_reads": False}
         try:
             return ts.open(spec, open=True, read=True, context=self.context).result()
@@ -386,8 +403,11 @@ class Storage:
     def read_chunk(self, rel: str, store: Any, index: int, chunk_rows: int, *, what: str) -> Any:
         """Start reading chunk ``index`` (along dim 0); returns a future of the numpy array."""
         shape = tuple(store.shape)
+        full = (chunk_rows * math.prod(max(1, s) for s in shape[1:]) if shape else 1) * store.dtype.numpy_dtype.itemsize
         if not self.local:
-            self._fetch(rel, chunk_key(shape, index), what=what)
+            self._fetch(rel, chunk_key(shape, index), what=what, limit=full)
+        else:
+            self._check_local(rel, chunk_key(shape, index), what=what)
         view = store if not shape else store[index * chunk_rows : min((index + 1) * chunk_rows, shape[0])]
         return view.read()
 
@@ -418,17 +438,19 @@ class Storage:
         rest = tuple(shape[1:])
         rows = min(chunk_rows, shape[0] - index * chunk_rows) if shape else 1
         if out is None:
-            out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
+            try:
+                out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
+            except MemoryError:  # a chunk the manifest says is larger than this host's memory
+                raise TensorTooLargeError(f"{what}: cannot hold chunk {index} ({rows} rows of {list(rest)} "
+                                          f"{np_dtype.name}) in memory") from None
         full = (chunk_rows * math.prod(max(1, s) for s in rest) if shape else 1) * np_dtype.itemsize
         path = self.path(rel, chunk_key(shape, index))
         try:
-            with open(path, "rb", buffering=0) as fh:
-                size = os.fstat(fh.fileno()).st_size
-                got = fh.readinto(memoryview(out.reshape(-1)).cast("B")) if out.nbytes else 0
+            size, got = confined.read_exact_into(self.root, os.path.join(rel, chunk_key(shape, index)),
+                                                 memoryview(out.reshape(-1)).cast("B"), size=full,
+                                                 real=self._real(), what=what)
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: {path} is missing; the checkpoint is incomplete - load an older checkpoint"
-            ) from None
+            raise _missing(what, path) from None
         if size != full or got != out.nbytes:
             raise TruncatedDataError(
                 f"{what}: {path} is shorter or longer than the manifest says ({size} bytes, expected {full}); "
@@ -448,57 +470,36 @@ class Storage:
                 key = posixpath.join(rel.strip("/"), chunk_key(shape, index))
                 self._memory.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
 
-    def _fetch(self, rel: str, name: str, *, what: str) -> None:
+    def _fetch(self, rel: str, name: str, *, what: str, limit: int) -> None:
+        """Copy one key of a remote array into the private memory store (at most ``limit`` bytes of it)."""
         try:
-            data = self.fs.cat_file(self.path(rel, name))
+            data = self.fs.cat_file(self.path(rel, name), start=0, end=limit + 1)
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"{what}: file {self.display(rel, name)} is missing; the checkpoint is incomplete - "
-                "load an older checkpoint"
-            ) from None
+            raise _missing(what, f"file {self.display(rel, name)}") from None
+        if len(data) > limit:
+            raise TruncatedDataError(
+                f"{what}: {self.display(rel, name)} is longer than the manifest says (more than {limit} bytes); "
+                "the file is damaged - restore it from a replica or load an older checkpoint"
+            )
         self._memory.write(posixpath.join(rel.strip("/"), name), data).result()
 
-
-def _hexdigests(hasher: Callable | None, arrays: list[np.ndarray]) -> list[str | None]:
-    found = []
-    for array in arrays:
-        digest = hasher() if hasher is not None else None
-        if digest is not None:
-            digest.update(array.reshape(-1).view(np.uint8))
-        found.append(digest.hexdigest() if digest is not None else None)
-    return found
-
-
-def _little_endian(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view.nbytes:
-        view = view[os.write(fd, view):]
-
-
-def _done(value: Any) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def _check_local(self, rel: str, name: str, *, what: str) -> None:
+        """Before tensorstore opens a local file itself: it must be one ucp.confined would read."""
+        try:
+            self.file_size(os.path.join(rel, name), what=what)
+        except FileNotFoundError:
+            pass  # tensorstore reports it, as for any missing key
 
 
 def _read_error(err: ValueError, what: str, where: str) -> Exception:
     text = str(err)
     if text.startswith("NOT_FOUND"):
-        return IncompleteCheckpointError(
-            f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
-        )
+        return _missing(what, where)
     return TruncatedDataError(
         f"{what}: {where} is shorter or longer than the manifest says ({text.split('[')[0].strip()}); "
         "the file is damaged - restore it from a replica or load an older checkpoint"
     )
+
+
+def _missing(what: str, where: str) -> IncompleteCheckpointError:
+    return IncompleteCheckpointError(f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,10 +71,10 @@ def describe(path: str | os.PathLike, *, storage_options: dict | None = None) ->
 
 
 def _find_step(state: Any) -> Any:
-    """The first int under a key named step/global_step/iteration, breadth first."""
-    queue = [state]
+    """The first int under a key named step/global_step/iteration, breadth first (each node visited once)."""
+    queue = deque([state])
     while queue:
-        node = queue.pop(0)
+        node = queue.popleft()
         if isinstance(node, dict):
             for key in ("step", "global_step", "iteration"):
                 if isinstance(node.get(key), int) and not isinstance(node.get(key), bool):

@@ -18,6 +18,7 @@ from reliability.ettr.model import (
     optimal_interval_s,
     young_interval_s,
 )
+from reliability.ettr.report import compute_report, job_from_inputs, plot_report
 from reliability.ettr.tracker import ETTRSummary, ETTRTracker, TrackerStateError, read_summary
 
 __all__ = [
@@ -28,11 +29,14 @@ __all__ = [
     "JobReliability",
     "TrackerStateError",
     "closed_form_optimal_interval_s",
+    "compute_report",
     "daly_interval_s",
     "expected_ettr",
     "failures_per_node_day_from_report",
+    "job_from_inputs",
     "load_logs_report",
     "optimal_interval_s",
+    "plot_report",
     "read_summary",
     "young_interval_s",
 ]

@@ -31,20 +31,24 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from reliability.ettr.model import SECONDS_PER_DAY, ETTRInputError, JobReliability, optimal_interval_s
 
 __all__ = ["AdaptiveIntervalPolicy", "failures_per_node_day_from_report", "load_logs_report"]
 
+# `ucp logs analyze --json` reports are kilobytes; anything near this is not one.
+LOGS_REPORT_LIMIT = 64 << 20
+
 
 def load_logs_report(path: str | os.PathLike) -> dict:
     """Read the JSON that ``ucp logs analyze --json`` prints."""
+    from ucp.confined import read_regular_file
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(path, limit=LOGS_REPORT_LIMIT, what="a logs report"))
     except FileNotFoundError:
         raise ETTRInputError(f"{path}: no such logs report (make one with `ucp logs analyze --json`)") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # unreadable, not a regular file, not UTF-8 JSON
         raise ETTRInputError(f"{path}: not a readable JSON logs report: {err}") from None
     if not isinstance(data, dict):
         raise ETTRInputError(f"{path}: a logs report is a JSON object, got {type(data).__name__}")

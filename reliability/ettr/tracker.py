@@ -42,6 +42,8 @@ from ucp.errors import UcpError
 __all__ = ["ETTRSummary", "ETTRTracker", "TrackerStateError", "format_seconds", "read_summary"]
 
 STATE_FORMAT = "ucp-ettr/1"
+# A tracker state is kilobytes (at most _MAX_REMEMBERED_CHECKPOINTS entries); refuse anything near this unread.
+STATE_LIMIT = 16 << 20
 # Keep the step -> compute map small: only recent checkpoints are resumed from.
 _MAX_REMEMBERED_CHECKPOINTS = 256
 
@@ -159,9 +161,11 @@ class ETTRTracker:
 
     # -- persistence -------------------------------------------------------
     def _read(self) -> _State:
+        from ucp.confined import read_regular_file
+
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
+            data = json.loads(read_regular_file(self.path, limit=STATE_LIMIT, what="a tracker state"))
+        except (OSError, ValueError, RecursionError) as err:  # unreadable, not a regular file, not UTF-8 JSON
             raise TrackerStateError(f"{self.path}: cannot read tracker state: {err}") from None
         return _State.from_json(data, self.path)
 

@@ -113,3 +113,60 @@ def test_from_a_real_logs_analysis(capsys, tmp_path):
     expected = report["rates"]["failures_per_1000_node_days"]
     assert expected > 0 and ettr["failures_per_1000_node_days"] == pytest.approx(expected)
     assert 0 < ettr["ettr_at_optimal"] < 1
+
+
+def test_the_report_is_library_code_the_cli_prints(capsys, tmp_path):
+    from reliability.ettr import compute_report, job_from_inputs, plot_report
+
+    job = job_from_inputs(gpus=16000, failures_per_1000_node_days=6.5, restart_min=5, save_min=1)
+    report = compute_report(job, interval_s=3600.0)
+    assert report == run_json(capsys, *KOKOLIS, "--save-min", "1", "--interval-min", "60")
+    plot_report(job, report, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"mttf_hours": 5.0}, "give exactly one of nodes and gpus"),
+    ({"nodes": 8}, "give exactly one of failures_per_1000_node_days, mttf_hours and logs_report"),
+    ({"nodes": 8, "mttf_hours": 5.0, "queue_min": float("nan")}, "--queue-min must be >= 0 minutes, got nan"),
+])
+def test_job_inputs_are_checked_in_the_library(inputs, message):
+    from reliability.ettr import ETTRInputError, job_from_inputs
+
+    with pytest.raises(ETTRInputError) as err:
+        job_from_inputs(**inputs)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("kind", ["binary", "fifo", "directory"])
+def test_a_logs_report_that_is_not_json_text_is_exit_2_without_blocking(capsys, tmp_path, kind):
+    import os
+    import threading
+
+    report = tmp_path / "report.json"
+    if kind == "binary":
+        report.write_bytes(b"\xff\xfe\x00garbage")
+    elif kind == "fifo":
+        os.mkfifo(report)
+    else:
+        report.mkdir()
+    codes: list = []
+    thread = threading.Thread(target=lambda: codes.append(main(["ettr", "--nodes", "8", "--from-logs", str(report)])),
+                              daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        os.close(os.open(report, os.O_WRONLY | os.O_NONBLOCK))
+    assert codes == [2]
+    err = capsys.readouterr().err
+    assert err.startswith(f"ucp ettr: error: {report}: not a readable JSON logs report: ")
+    if kind != "binary":
+        assert f"is {'a FIFO' if kind == 'fifo' else 'a directory'}, not a regular file" in err
+
+
+def test_a_tracker_state_that_is_not_json_text_is_a_tracker_state_error(tmp_path):
+    from reliability.ettr import TrackerStateError, read_summary
+
+    (tmp_path / "ettr.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TrackerStateError, match=r"ettr.json: cannot read tracker state: .* codec can't decode"):
+        read_summary(tmp_path)

@@ -13,7 +13,7 @@ MODULES = [
     "reliability.ettr.simulator",
     "reliability.ettr.tracker",
     "reliability.ettr.adaptive",
-    "tools.ettr_cli",
+    "reliability.ettr.report",
 ]
 
 

@@ -58,7 +58,7 @@ def test_a_fragment_map_with_flat_pieces_round_trips():
 
 @pytest.mark.parametrize("data, message", [
     ({"rank": 0, "logical": {}, "tensors": {"w": {"pieces": [{"logical": "x", "local": {"box": {}}}]}}},
-     "not a fragment map: ManifestError: bad region {'box': {}}: 'offsets'"),
+     "not a fragment map: ManifestError: bad region {'box': {}}: a box needs lists of integers >= 0 'offsets' and 'sizes'"),
     ({"rank": "0", "logical": {}, "tensors": {}}, "not a fragment map: TypeError: expected an integer, got '0'"),
     ({"rank": 0, "logical": {}, "tensors": {"w": {"pieces": [{"logical": "x", "local": {"flat": {"start": 0, "stop": 1}},
                                                               "target": {"flat": {"start": 0, "stop": 1}}}]}}},

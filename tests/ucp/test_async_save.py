@@ -57,7 +57,7 @@ def test_pool_ring_wraps_around_and_waits_for_space() -> None:
     pool.reserve(4 * 256)
     a, b, c = (pool.stage(torch.zeros(64)) for _ in range(3))  # 256 bytes each
     assert (a.start, b.start, c.start) == (0, 256, 512)
-    with pytest.raises(TimeoutError, match="no staging space for 512 bytes within 0.05 s"):
+    with pytest.raises(ucp.errors.SaveTimeoutError, match="no staging space for 512 bytes within 0.05 s"):
         pool.stage(torch.zeros(128), timeout=0.05)
     pool.release(a)
     d = pool.stage(torch.zeros(64))
@@ -477,3 +477,12 @@ def test_distributed_async_save_on_a_dedicated_group(tmp_path: Path) -> None:
     # each rank wrote only its own rows; together they tile the logical tensor
     assert torch.equal(ucp.read_tensor(path, "fc.weight"), torch.arange(24, dtype=torch.float32).view(8, 3))
     assert ucp.load(path)["step"] == 5
+
+
+def test_waiting_past_the_timeout_raises_a_ucp_timeout_error_and_loses_nothing(tmp_path):
+    handle = ucp.async_saver.AsyncSaveHandle(tmp_path / "c")  # a save whose writer has not finished yet
+    with pytest.raises(ucp.SaveTimeoutError, match=f"async save to {tmp_path / 'c'} still running after 0.01 s"):
+        handle.wait(timeout=0.01)
+    assert isinstance(ucp.SaveTimeoutError("x"), TimeoutError)  # code catching the builtin still works
+    handle._finish(None)
+    handle.wait(timeout=0.01)  # finished: no error

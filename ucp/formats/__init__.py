@@ -2,7 +2,8 @@
 
 Each format lives in its own module here and registers itself on import;
 importing ``ucp.formats`` registers them all. Order of registration is the
-order :func:`detect_format` tries them in (most specific first).
+order :func:`detect_format` tries them in (most specific first): folders with
+a marker file of their own, then single files.
 """
 
 from ucp.formats.base import (  # noqa: F401
@@ -12,13 +13,21 @@ from ucp.formats.base import (  # noqa: F401
     TensorInfo,
     TrainingState,
     UnknownFormatError,
+    blocks,
     detect_format,
     formats,
     get_format,
+    parse_size,
     register_format,
 )
 
+# One import per format, most specific detection first (each line registers one module's formats).
+import ucp.formats.ucp_format  # noqa: F401,E402  (manifest.json)
+import ucp.formats.dcp  # noqa: F401,E402  (.metadata)
+import ucp.formats.safetensors_format  # noqa: F401,E402  (*.safetensors, model.safetensors.index.json)
+import ucp.formats.hf_torch  # noqa: F401,E402  (pytorch_model.bin, pytorch_model.bin.index.json)
 from ucp.formats import deepspeed_zero  # noqa: E402,F401  (registers deepspeed-zero)
 from ucp.formats import deepspeed_pipeline  # noqa: E402,F401  (registers deepspeed-pipeline)
 from ucp.formats import deepspeed_universal  # noqa: E402,F401  (registers deepspeed-universal)
 from ucp.formats import megatron  # noqa: E402,F401  (registers megatron)
+import ucp.formats.torch_file  # noqa: F401,E402  (one torch.save file: last, it matches any .pt)

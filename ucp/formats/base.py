@@ -8,11 +8,18 @@ fetches any region (a :class:`~ucp.geometry.Box` or a
 non-tensor state comes apart as :class:`TrainingState`. So every conversion
 streams, and ``inspect``/``verify``/``diff`` work on every format.
 
-A **writer** (:class:`FormatWriter`) takes logical tensors one at a time
+A **writer** (:class:`FormatWriter`) is opened with the list of every logical
+tensor it will receive and the training state (``open_writer(path,
+tensors=[LogicalTensor...], state=TrainingState(...), overwrite=False,
+block_bytes=..., **options)``: a safetensors header, a torch.save pickle or a DCP
+metadata file needs them up front), takes logical tensors one at a time
 (``add``), then the non-tensor state (``set_state``), and makes the result
-exist on ``close`` (or throws it away on ``abort``).
+exist on ``close`` (or throws it away on ``abort``). A writer that can take a
+tensor in parts also has ``add_region(name, region, tensor)``: a tensor larger
+than ``block_bytes`` then arrives as the boxes of :func:`blocks`, in order, so
+no tensor needs to be whole in memory.
 
-Logical names are shared by every format (docs/FORMAT.md, "Logical names"):
+Logical names are shared by every format (docs/CONVERT.md, "Logical names"):
 
 * a model tensor is its fully qualified name without wrapper prefixes
   (``module.``, ``_orig_mod.``, ``_fsdp_wrapped_module.``):
@@ -38,11 +45,11 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
 
 from ucp.errors import FormatError, UcpError
-from ucp.geometry import Box, Region
+from ucp.geometry import Box, FlatRange, Region, region_pieces
 
 __all__ = [
     "TensorInfo", "TrainingState", "FormatReader", "FormatWriter", "Format", "register_format", "get_format",
-    "formats", "detect_format", "UnknownFormatError",
+    "formats", "detect_format", "UnknownFormatError", "blocks", "region_reader", "slice_region", "parse_size", "expect_block",
 ]
 
 
@@ -140,7 +147,11 @@ class FormatWriter(Protocol):
     path: str
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        """Write logical tensor ``name`` (the caller may drop ``tensor`` once this returns)."""
+        """Write logical tensor ``name`` (the caller may drop ``tensor`` once this returns).
+
+        Writers that take tensors in parts also have ``add_region(name, region, tensor)``,
+        called instead with each box of ``blocks(shape, dtype, block_bytes)`` in order.
+        """
         ...
 
     def set_state(self, state: TrainingState) -> None:
@@ -160,7 +171,11 @@ class Format:
     """A registry entry: how to recognise, read and (optionally) write one checkpoint format.
 
     ``detect(path)`` must be cheap (look at names, a few header bytes) and never
-    unpickle anything. ``open_writer`` is None for formats that are read-only here.
+    unpickle anything. ``open_reader(path)`` validates what it can without reading
+    tensor bytes (a :class:`~ucp.errors.FormatError` naming the file otherwise).
+    ``open_writer(path, *, tensors, state=None, overwrite=False, block_bytes=None, **options)``
+    refuses what it cannot represent before writing anything; it is None for
+    formats that are read-only here.
     """
 
     name: str
@@ -217,3 +232,115 @@ def _safe_detect(fmt: Format, path: str) -> bool:
         return bool(fmt.detect(path))
     except (OSError, ValueError):
         return False
+
+
+def blocks(shape: tuple[int, ...], dtype: str, max_bytes: int) -> tuple[Box, ...]:
+    """Boxes of at most ``max_bytes`` (or one row of one element) tiling a tensor in row-major order.
+
+    Each box is one contiguous run of the row-major flattening, so a writer can
+    put it at ``offset + first element * itemsize``. A tensor that fits is one box.
+
+    >>> [str(b) for b in blocks((4, 3), "float32", 24)]
+    ['[0:2, 0:3]', '[2:4, 0:3]']
+    >>> [str(b) for b in blocks((2, 3), "float32", 8)]
+    ['[0:1, 0:2]', '[0:1, 2:3]', '[1:2, 0:2]', '[1:2, 2:3]']
+    """
+    shape = tuple(int(s) for s in shape)
+    itemsize = getattr(torch, dtype).itemsize
+    whole = Box.full(shape)
+    if not shape or whole.numel * itemsize <= max_bytes or whole.is_empty():
+        return (whole,)
+    # The outermost dim k whose trailing block (one index of dims <= k) fits, then as many as fit.
+    k = 0
+    inner = whole.numel // shape[0]
+    while k < len(shape) - 1 and inner * itemsize > max_bytes:
+        k += 1
+        inner //= shape[k]
+    step = max(1, max_bytes // max(1, inner * itemsize))
+    out: list[Box] = []
+
+    def walk(prefix: tuple[int, ...]) -> None:
+        if len(prefix) == k:
+            for start in range(0, shape[k], step):
+                size = min(step, shape[k] - start)
+                out.append(Box(prefix + (start,) + (0,) * (len(shape) - k - 1),
+                               (1,) * k + (size,) + shape[k + 1:]))
+            return
+        for i in range(shape[len(prefix)]):
+            walk(prefix + (i,))
+
+    walk(())
+    return tuple(out)
+
+
+def slice_region(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:
+    """``region`` of an in-memory tensor: box-shaped for a Box, 1-d for a FlatRange (may be a view).
+
+    >>> slice_region(torch.arange(6).view(2, 3), FlatRange(2, 5))
+    tensor([2, 3, 4])
+    """
+    if region is None:
+        return tensor
+    if isinstance(region, Box):
+        return tensor[region.slices()] if region.ndim else tensor
+    return tensor.reshape(-1)[region.start:region.stop]
+
+
+def region_reader(shape: tuple[int, ...], dtype: str,
+                  read_box: Callable[[Box], torch.Tensor]) -> Callable[[Region | None], torch.Tensor]:
+    """A ``TensorInfo.reader`` from a function that reads boxes: flat ranges become row-major boxes.
+
+    >>> t = torch.arange(12).view(3, 4)
+    >>> read = region_reader((3, 4), "int64", lambda box: t[box.slices()].clone())
+    >>> read(FlatRange(3, 9))
+    tensor([3, 4, 5, 6, 7, 8])
+    """
+
+    def read(region: Region | None) -> torch.Tensor:
+        if region is None:
+            return read_box(Box.full(shape))
+        if isinstance(region, Box):
+            return read_box(region)
+        out = torch.empty(region.numel, dtype=getattr(torch, dtype))
+        for piece in region_pieces(region, shape):
+            out[piece.span.start:piece.span.stop] = read_box(piece.box).reshape(-1)
+        return out
+
+    return read
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from ``"2GiB"``, ``"500MB"``, ``"1.5g"`` or an int (binary units for ``*iB``, decimal otherwise).
+
+    >>> parse_size("2GiB"), parse_size("5GB"), parse_size(4096)
+    (2147483648, 5000000000, 4096)
+    """
+    if isinstance(size, int):
+        value = size
+    else:
+        import re
+
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(f"cannot read {size!r} as a size; write it like 2GiB, 500MB or 1048576")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {size!r}")
+    return value
+
+
+def expect_block(planned: dict, name: str, region: Box, tensor: torch.Tensor):
+    """The planned ``LogicalTensor`` of ``name``, after checking ``tensor`` is its ``region`` (writers' guard)."""
+    t = planned.get(name)
+    if t is None:
+        raise KeyError(f"tensor {name!r} was not in the list this writer was opened with")
+    got = str(tensor.dtype).removeprefix("torch.")
+    if got != t.dtype or tuple(tensor.shape) != tuple(region.sizes):
+        raise ValueError(f"tensor {name!r}: got {got}{list(tensor.shape)} for region {region} of "
+                         f"{t.dtype}{list(t.shape)}")
+    return t

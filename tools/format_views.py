@@ -1,0 +1,85 @@
+"""``ucp inspect`` / ``ucp verify`` for checkpoints in a format other than ucp (DCP, safetensors, torch.save...).
+
+The subcommands keep their ucp behaviour; for a path another registered format
+recognises they hand over here. A thin layer over :mod:`ucp.formats.inspection`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["foreign_format", "inspect_foreign", "verify_foreign"]
+
+
+def foreign_format(path: str) -> Any:
+    """The registered format of ``path`` when it is not a ucp checkpoint (None: let ucp handle it)."""
+    from ucp.errors import UcpError
+    from ucp.formats import detect_format
+
+    try:
+        fmt = detect_format(path)
+    except (UcpError, OSError):
+        return None
+    return None if fmt.name == "ucp" else fmt
+
+
+def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tools.inspect_cli import _size  # the same size column as for ucp checkpoints
+    from ucp.formats.inspection import describe_format
+
+    summary = describe_format(args.path, format=fmt.name)  # a damaged file raises: exit 2 in the dispatcher
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=1))
+        return 0
+    console = Console()
+    console.print(f"[bold]{summary.path}[/bold]  format {summary.format} ({fmt.description})\n"
+                  f"step {summary.step if summary.step is not None else '-'}  param groups {summary.param_groups}\n"
+                  f"{len(summary.tensors)} tensors, {_size(summary.total_bytes)}", highlight=False)
+    table = Table()
+    for column, justify in (("tensor", "left"), ("dtype", "left"), ("shape", "left"), ("size", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for t in summary.tensors:
+        table.add_row(t.name, t.dtype, str(list(t.shape)), _size(t.nbytes))
+    console.print(table)
+    return 0
+
+
+def verify_foreign(args: argparse.Namespace, fmt: Any) -> int:
+    from ucp.formats.inspection import verify_format
+    from tools.progress_bar import byte_progress
+
+    with byte_progress("verifying", enabled=not args.json) as update:
+        report = verify_format(args.path, format=fmt.name,
+                               progress=None if update is None else _counter(update))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    elif report.ok:
+        print(f"OK {report.path} ({report.format}): {report.tensors} tensors, {report.bytes_checked} bytes read "
+              "back; structure and every tensor readable")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"DAMAGED {report.path} ({report.format}): {len(report.problems)} problem(s)")
+        for column in ("tensor", "problem", "message"):
+            table.add_column(column, overflow="fold")
+        for p in report.problems:
+            table.add_row(p.tensor or "(file)", p.kind, p.message)
+        Console(file=sys.stdout).print(table)
+    return 0 if report.ok else 1
+
+
+def _counter(update):
+    done = [0]
+
+    def step(nbytes: int) -> None:
+        done[0] += nbytes
+        update(done[0], 0, "")
+
+    return step

@@ -1,0 +1,195 @@
+"""Convert a checkpoint from any readable format into any writable one, tensor by tensor, in bounded memory.
+
+::
+
+    import ucp
+    ucp.convert("dcp/step_100", "hf/", dst_format="safetensors", memory_budget="4GiB")
+
+The source's format is detected unless named; its reader lists the logical
+tensors (no bytes read), the destination's writer is opened with that list and
+the training state, and each tensor is read and written in turn. A tensor
+larger than a quarter of the budget is read and written in row blocks
+(:func:`ucp.formats.base.blocks`) when the writer takes tensors in parts (all
+writers here do), so peak memory stays near the budget whatever the tensor
+sizes: the piece being written, the next one being read in a background thread
+(reading overlaps writing), and what the writer buffers (at most one more
+block). A writer that needs whole tensors raises the bound to the budget plus
+the largest tensor. Any error - a damaged source, a full disk - aborts the
+writer: nothing appears at the destination, and an existing checkpoint there
+(``overwrite=True``) stays as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+from ucp.errors import UcpError
+
+__all__ = ["convert", "ConvertResult", "ConversionError", "block_bytes_for", "guess_format", "release_freed_memory"]
+
+# Extensions that name a single-file format when --to is not given.
+_SUFFIX_FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch"}
+
+
+class ConversionError(UcpError, ValueError):
+    """The conversion asked for cannot be done as given (options that do not fit the formats)."""
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion did."""
+
+    src: str
+    dst: str
+    src_format: str
+    dst_format: str
+    tensors: int
+    bytes: int
+    largest_tensor: int
+    memory_budget: int
+    block_bytes: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def block_bytes_for(memory_budget: int) -> int:
+    """The largest piece of a tensor read at once: a quarter of the budget (the writer may hold as much again)."""
+    return max(1 << 20, memory_budget // 4)
+
+
+def guess_format(dst: str) -> str:
+    """The output format a destination path suggests: by extension, else ``ucp``.
+
+    >>> guess_format("out/model.safetensors"), guess_format("x.pt"), guess_format("ckpt/step_5")
+    ('safetensors', 'torch', 'ucp')
+    """
+    return _SUFFIX_FORMATS.get(os.path.splitext(os.fspath(dst).rstrip("/"))[1].lower(), "ucp")
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    src_format: str | None = None,
+    dst_format: str | None = None,
+    program: str | None = None,
+    layout: str | None = None,
+    memory_budget: int | str = "2GiB",
+    overwrite: bool = False,
+    options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> ConvertResult:
+    """Convert the checkpoint at ``src`` into ``dst_format`` at ``dst`` (see the module doc).
+
+    ``dst_format`` defaults to what ``dst`` suggests (``.safetensors``, ``.pt``...; else
+    ``ucp``). ``program``/``layout`` (ucp output only) record a UCL program and the
+    layout it shards for, and cut fragments along that layout's shards.
+    ``options`` go to the writer (e.g. ``{"shard_size": "2GB"}`` for safetensors).
+    ``progress(done_bytes, total_bytes, tensor_name)`` is called after each piece.
+
+    >>> import torch, tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> torch.save({"w": torch.ones(3)}, os.path.join(d, "m.pt"))
+    >>> r = convert(os.path.join(d, "m.pt"), os.path.join(d, "m.safetensors"))
+    >>> r.src_format, r.dst_format, r.tensors
+    ('torch', 'safetensors', 1)
+    """
+    from ucp.formats import detect_format, get_format, parse_size
+    from ucp.formats.readahead import read_ahead
+    from ucp.spec import LogicalTensor
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    budget = parse_size(memory_budget)
+    block = block_bytes_for(budget)
+    fmt_out = get_format(dst_format or guess_format(dst))
+    if fmt_out.open_writer is None:
+        raise ConversionError(f"format {fmt_out.name!r} can be read but not written here")
+    if (program is not None or layout is not None) and fmt_out.name != "ucp":
+        raise ConversionError(f"--program/--layout describe how a ucp checkpoint is sharded; they do not apply to "
+                              f"--to {fmt_out.name}")
+    if os.path.abspath(src.rstrip("/")) == os.path.abspath(dst.rstrip("/")):
+        raise ConversionError(f"source and destination are the same path ({src}); write the result elsewhere")
+    fmt_in = get_format(src_format) if src_format else detect_format(src)
+    writer_options = dict(options or {})
+    if fmt_out.name == "ucp" and (program is not None or layout is not None):
+        writer_options.update(program=program, layout=layout)
+    started = time.perf_counter()
+    with fmt_in.open_reader(src) as reader:
+        infos = list(reader.tensors())
+        _check_names(infos, src)
+        state = reader.state()
+        total = sum(i.nbytes for i in infos)
+        writer = fmt_out.open_writer(dst, tensors=[LogicalTensor(i.name, i.shape, i.dtype) for i in infos],
+                                     overwrite=overwrite, block_bytes=block, state=state, **writer_options)
+        done = 0
+        try:
+            parts = hasattr(writer, "add_region")
+            for info, box, piece in read_ahead(_pieces(infos, block if parts else None)):
+                if box is None:
+                    writer.add(info.name, piece)
+                else:
+                    writer.add_region(info.name, box, piece)
+                done += piece.numel() * piece.element_size()
+                del piece
+                if done and info.nbytes >= 1 << 20:
+                    release_freed_memory()
+                if progress is not None:
+                    progress(done, total, info.name)
+            writer.set_state(state)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+    return ConvertResult(src=src, dst=dst, src_format=fmt_in.name, dst_format=fmt_out.name, tensors=len(infos),
+                         bytes=total, largest_tensor=max((i.nbytes for i in infos), default=0),
+                         memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started)
+
+
+def _pieces(infos: list, block: int | None) -> Iterator[tuple[Any, Any, Any]]:
+    """``(info, box, tensor)`` for each block of each tensor (``box`` None: the whole tensor, to ``add``)."""
+    from ucp.formats import blocks
+
+    for info in infos:
+        if block is not None and info.nbytes > block:
+            for box in blocks(info.shape, info.dtype, block):
+                yield info, box, info.read(box)
+        else:
+            yield info, None, info.read()
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None elsewhere."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give freed heap pages back to the OS (glibc), so block after block does not grow the heap.
+
+    glibc raises its mmap threshold once a large block is freed; later blocks of that size then
+    come from the heap, and the heap keeps the freed pages (measured: +8 MiB per 8 MiB block).
+    ``malloc_trim`` returns them; elsewhere this does nothing.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _check_names(infos: list, src: str) -> None:
+    seen: set[str] = set()
+    for info in infos:
+        if info.name in seen:
+            raise ConversionError(f"{src}: two tensors are both named {info.name!r}")
+        seen.add(info.name)
