@@ -11,6 +11,13 @@ scenarios (:mod:`replication.failures`, :mod:`replication.replay`) under a
 recovery-time model (:mod:`replication.recovery`); ``ucp place eval`` compares
 them (docs/REPLICATION.md).
 
+The mechanism: :class:`replication.replicas.ReplicaManager` sends each rank's
+checkpoint arrays over torch.distributed to the peers a policy places, keeps them
+in bounded tiers (:mod:`replication.replica_tiers`), writes the replica map
+(:mod:`replication.replica_map`) beside the manifest, and after lost ranks or a
+lost store rebuilds the checkpoint from the fastest surviving good copies;
+``CheckpointManager(replicas=...)`` uses it on every save and restore.
+
 Example::
 
     >>> from replication.cluster import ClusterSpec

@@ -27,3 +27,19 @@ class FailureLogError(UcpError, ValueError):
 
 class PolicyFileError(UcpError, FileNotFoundError):
     """A trained RL policy file is missing or was trained for an incompatible observation layout."""
+
+
+class ReplicaLostError(UcpError, FileNotFoundError):
+    """Every copy of a checkpoint array is gone: not in the checkpoint, no replica survived with a good checksum."""
+
+
+class ReplicaCapacityError(UcpError, MemoryError):
+    """A replica tier cannot hold a copy even after evicting every older checkpoint."""
+
+
+class ReplicaWarning(UserWarning):
+    """A replica was skipped (checksum mismatch, unreadable) and the next one was used."""
+
+
+class ReplicaError(UcpError, RuntimeError):
+    """Replication or recovery failed on some rank (the message names the rank and why)."""

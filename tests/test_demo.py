@@ -1,33 +1,58 @@
-"""The README's main job, end to end: train on 4 processes, SIGKILL, resume on 2 under another layout."""
+"""The README's main job, end to end: 8 processes, SIGKILL of one rank, resume on 6 under another layout."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 from tools.cli import main
-from tools.demo import run_demo
+from tools.demo import PLOT_NAME, run_demo
 
 
-def test_demo_kills_resumes_and_reshards(tmp_path):
+@pytest.mark.slow
+def test_demo_kills_a_rank_resumes_on_another_layout_and_matches_the_reference(tmp_path):
     lines: list[str] = []
-    report = run_demo(tmp_path / "demo", say=lines.append, steps=30, save_every=10, kill_after_step=25)
-    # The kill lands after step 25: step 20 is the last committed checkpoint, resumed on 2 ranks.
-    assert report.killed_at_step >= 25
-    assert report.resumed_from_step == 20
-    assert report.final_step == 30
-    assert report.checkpoints == [10, 20, 30]
-    assert report.verified_tensors == 6          # every logical parameter checked against the shards
-    assert report.resharded_tensors == 2 * 6     # 2 target ranks x 6 parameters, bit-exact
-    assert report.losses[30] < report.losses[1] / 4
+    report = run_demo(tmp_path / "demo", say=lines.append, steps=14, save_every=4, kill_after_step=10)
+    r = report.recovery
+    # The kill lands after step 10: step 8 is the last committed checkpoint, resumed on 6 ranks.
+    assert r.killed_at_step >= 10 and r.resumed_from == 8 and r.final_step == 14
+    assert sorted(r.losses) == list(range(1, 15))
+    assert report.max_relative_error < 1e-4                     # an unbroken loss curve
+    assert r.verified_tensors == 3 * 39 + 39 and not r.verify_mismatches  # params, fp32 masters, 2 moments
+    assert report.verified
+    assert 0 < r.detect_s < r.recovery_s and r.load_s > 0 and r.checkpoint_bytes > 0
+    assert report.time_lost_s > r.recovery_s
     summary = report.ettr
-    assert summary.restarts == 1 and summary.lost_steps >= 5 and 0 < summary.ettr < 1
-    assert any("resuming on 2 processes as tp=1,dp=2" in line for line in lines)
+    assert summary.restarts == 1 and summary.lost_steps >= 2 and 0 < summary.ettr < 1
+    assert Path(report.plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = "\n".join(lines)
+    for expected in ("restarting on fewer ranks as tp=2,dp=3,zero=1 from checkpoint step 8",
+                     "SIGKILL -> rank 5", "all bit-exact", "recovery time", "ETTR", PLOT_NAME):
+        assert expected in text
 
 
 def test_demo_cli_rejects_too_few_steps(capsys):
     assert main(["demo", "--steps", "5"]) == 2
-    assert "--steps must be at least 26" in capsys.readouterr().out
+    assert "--steps must be at least 12" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_cli_json(tmp_path, capsys):
-    assert main(["demo", "--dir", str(tmp_path / "d"), "--steps", "30", "--json"]) == 0
+    assert main(["demo", "--dir", str(tmp_path / "d"), "--steps", "12", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["resumed_from_step"] == 20 and data["ettr"]["restarts"] == 1
+    assert data["killed_at_step"] >= 7 and data["resumed_from_step"] == 5 and data["final_step"] == 12
+    assert data["ettr"]["restarts"] == 1 and data["max_relative_error"] < 1e-4
+    assert data["plot"].endswith(PLOT_NAME) and data["second_layout"] == "tp=2,dp=3,zero=1"
+
+
+def test_demo_cli_exits_1_when_a_check_fails(monkeypatch, capsys):
+    import tools.demo
+
+    def fails(*_args, **_kwargs):
+        raise tools.demo.DemoCheckFailed("the run's loss left the uninterrupted reference: 3.0e-02 relative at "
+                                         "step 9 (tolerance 1e-04)")
+
+    monkeypatch.setattr(tools.demo, "run_demo", fails)
+    assert main(["demo", "--steps", "12"]) == 1
+    assert capsys.readouterr().err == ("ucp demo: the run's loss left the uninterrupted reference: 3.0e-02 relative "
+                                       "at step 9 (tolerance 1e-04)\n")

@@ -1,261 +1,236 @@
-"""The end-to-end demo behind ``ucp demo``: train, crash, resume under another layout.
+"""The end-to-end demo behind ``ucp demo``: a real failure, a layout change, an unbroken loss curve.
 
-1. Train the tensor-parallel MLP of :mod:`tools.demo_model` on 4 real
-   processes (gloo) as ``tp=2,dp=2``, checkpointing with ucp every few steps;
-   the UCL program tools/programs/demo-mlp.ucl maps its shards onto whole tensors.
-2. SIGKILL every process mid-run (the injected failure).
-3. Check the last committed checkpoint: ``ucp.verify``, and its logical tensors
-   against the shards the 4 ranks held when they saved it.
-4. Resume on 2 processes as ``tp=1,dp=2``: each rank loads only its shard of the
-   4-rank checkpoint, compares it with step 3's reference, trains on.
-5. Report the ETTR of the whole run, failure and restart included.
+1. Train the Llama-style decoder (:mod:`integrations.llama`) Megatron style on 8
+   gloo processes as ``tp=2,pp=2,dp=2`` with the distributed optimizer,
+   checkpointing through ucp every few steps (the megatron-gpt UCL preset maps
+   every rank's shards onto whole tensors).
+2. SIGKILL one rank mid-run; the agent notices, stops the others.
+3. Restart on 6 processes as ``tp=2,dp=3``: each rank reads only its shards of
+   the last committed checkpoint, which is checked bit for bit against the
+   checkpoint's logical tensors, and training goes on.
+4. Report the loss before and after next to an uninterrupted single-process run,
+   checkpoint size, save time, time lost to the failure, recovery time and the
+   run's ETTR, and draw both loss curves into a PNG.
 
-Example::
-
-    report = run_demo("/tmp/ucp-demo")
-    print(report.ettr)
+    report = run_demo("ucp-demo-out")
+    report.recovery.recovery_s, report.max_relative_error, report.plot
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import shutil
-import signal
-import socket
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from tools import demo_model as dm
+from integrations.launch import start_fork_server
+from integrations.llama.config import LlamaConfig
+from integrations.stacks.common import TrainSettings
+from integrations.stacks.recovery import FailurePlan, RecoveryReport, run_with_failure
+from integrations.stacks.transition import reference_run
+from ucp.errors import UcpError
 from ucp.layout import Layout
 
-FIRST_LAYOUT, SECOND_LAYOUT = "tp=2,dp=2", "tp=1,dp=2"
-# The UCL program that maps the demo's local tensors onto whole ones, for every layout.
-PROGRAM = str(Path(__file__).resolve().parent / "programs" / "demo-mlp.ucl")
+STACK = "megatron"
+FIRST_LAYOUT, SECOND_LAYOUT = "tp=2,pp=2,dp=2,zero=1", "tp=2,dp=3,zero=1"
+PLOT_NAME = "loss_curves.png"
+LOSS_TOLERANCE = 1e-4  # relative, per step: what the transition tests hold every layout change to
+
+
+class DemoCheckFailed(UcpError, RuntimeError):
+    """The checkpoint failed ``ucp verify``, or the resumed ranks' tensors are not the checkpoint's."""
 
 
 @dataclass
 class DemoReport:
-    """What the demo did and measured."""
+    """What the demo did and measured (durations in seconds)."""
 
     directory: str
-    killed_at_step: int = 0
-    resumed_from_step: int = 0
-    final_step: int = 0
-    losses: dict[int, float] = field(default_factory=dict)
-    checkpoints: list[int] = field(default_factory=list)
-    verified_tensors: int = 0
-    resharded_tensors: int = 0
+    recovery: RecoveryReport
+    reference: list[float] = field(default_factory=list)
     ettr: object = None  # reliability.ettr.tracker.ETTRSummary
+    plot: str | None = None
+    verified: bool = False
+
+    @property
+    def relative_errors(self) -> dict[int, float]:
+        return {s: abs(loss - self.reference[s - 1]) / self.reference[s - 1]
+                for s, loss in {**self.recovery.first_losses, **self.recovery.losses}.items()}
+
+    @property
+    def max_relative_error(self) -> float:
+        return max(self.relative_errors.values())
+
+    @property
+    def mean_save_s(self) -> float:
+        saves = self.recovery.saves
+        return sum(s["seconds"] for s in saves) / len(saves)
+
+    @property
+    def time_lost_s(self) -> float:
+        """Compute redone (since the checkpoint) plus the recovery itself."""
+        return self.recovery.lost_compute_s + self.recovery.recovery_s
+
+    def to_dict(self) -> dict:
+        r = self.recovery
+        return {
+            "directory": self.directory, "stack": r.plan.stack, "first_layout": r.plan.before,
+            "second_layout": r.plan.after, "killed_rank": r.plan.kill_rank, "killed_at_step": r.killed_at_step,
+            "resumed_from_step": r.resumed_from, "final_step": r.final_step,
+            "losses": {str(s): v for s, v in r.losses.items()},
+            "first_run_losses": {str(s): v for s, v in r.first_losses.items()},
+            "reference": self.reference, "max_relative_error": self.max_relative_error,
+            "verified_tensors": r.verified_tensors, "verify_mismatches": r.verify_mismatches,
+            "checkpoint_bytes": r.checkpoint_bytes, "mean_save_s": self.mean_save_s,
+            "time_lost_s": self.time_lost_s, "lost_compute_s": r.lost_compute_s,
+            "recovery_s": r.recovery_s, "recovery_parts_s": {k: getattr(r, k) for k in (
+                "detect_s", "teardown_s", "convert_s", "restart_s", "load_s", "first_step_s")},
+            "ettr": self.ettr.to_dict() if self.ettr is not None else None, "plot": self.plot,
+        }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def plot_losses(report: DemoReport, path: str) -> str:
+    """Both loss curves overlaid: the uninterrupted reference and the run that failed and resumed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = report.recovery
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    steps = range(1, len(report.reference) + 1)
+    ax.plot(steps, report.reference, color="0.25", lw=2.5, alpha=0.45, label="uninterrupted reference (1 process)")
+    before = sorted(r.first_losses)
+    ax.plot(before, [r.first_losses[s] for s in before], "o", ms=4, color="tab:blue",
+            label=f"{r.plan.before} ({len(before)} steps, {Layout.parse(r.plan.before).world_size} processes)")
+    after = sorted(s for s in r.losses if s > r.resumed_from)
+    ax.plot(after, [r.losses[s] for s in after], "s", ms=4, mfc="none", color="tab:orange",
+            label=f"resumed as {r.plan.after} ({Layout.parse(r.plan.after).world_size} processes)")
+    ax.axvline(r.killed_at_step + 0.5, color="tab:red", ls="--", lw=1)
+    ax.annotate(f"SIGKILL rank {r.plan.kill_rank}", (r.killed_at_step + 0.5, max(report.reference)),
+                color="tab:red", fontsize=8, ha="left", va="top", xytext=(3, 0), textcoords="offset points")
+    ax.axvline(r.resumed_from, color="tab:green", ls=":", lw=1)
+    ax.annotate(f"checkpoint {r.resumed_from}", (r.resumed_from, min(report.reference)), color="tab:green",
+                fontsize=8, ha="right", va="bottom", xytext=(-3, 0), textcoords="offset points")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"Llama-style decoder: failure at step {r.killed_at_step}, resumed from step {r.resumed_from} "
+                 f"on another layout (max deviation {report.max_relative_error:.1e})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
-def _groups(layout, rank):
-    """This rank's tp and dp groups (every rank creates every group, in one order)."""
-    tp_group = dp_group = None
-    for dp_rank in range(layout.dp):
-        members = [layout.rank_of(tp=t, dp=dp_rank) for t in range(layout.tp)]
-        group = dist.new_group(members)
-        if rank in members:
-            tp_group = group
-    for tp_rank in range(layout.tp):
-        members = [layout.rank_of(tp=tp_rank, dp=d) for d in range(layout.dp)]
-        group = dist.new_group(members)
-        if rank in members:
-            dp_group = group
-    return tp_group, dp_group
+def _progress(say):
+    def show(event: dict) -> None:
+        kind = event["kind"]
+        if kind == "step" and (event["step"] % 5 == 0 or event["step"] == 1):
+            say(f"  step {event['step']:3d}  loss {event['loss']:.4f}  ({event['seconds'] * 1000:.0f} ms)")
+        elif kind == "saved":
+            say(f"  step {event['step']:3d}  checkpoint committed in {event['seconds']:.2f}s "
+                "(every rank wrote only its own shards)")
+        elif kind == "killed":
+            say(f"  step {event['step']:3d}  SIGKILL -> rank {event['rank']}  (an unannounced failure)")
+        elif kind == "detected":
+            say("  the agent saw the rank die; stopping the survivors (they are stuck in a collective)")
+        elif kind == "restarting":
+            say(f"2. restarting on fewer ranks as {event['layout']} from checkpoint step {event['step']}")
+        elif kind == "loaded":
+            say(f"  every rank loaded its shards of step {event['step']} (resharded from the 8-rank layout)")
+        elif kind == "verified":
+            verdict = "all bit-exact" if not event["mismatches"] else f"MISMATCHES: {event['mismatches'][:5]}"
+            say(f"  checked {event['tensors']} logical tensors (parameters, fp32 masters, Adam moments) "
+                f"against the checkpoint: {verdict}")
+    return show
 
 
-def _by_value(model) -> dict:
-    """The parameters as numpy copies: torch tensors would cross the queue as shared-memory
-    handles, which the parent cannot open once the SIGKILLed sender is gone."""
-    return {name: model.param(name).detach().numpy().copy() for name in dm.PARAMS}
-
-
-def _worker(rank: int, world: int, port: int, layout_text: str, directory: str, last_step: int,
-            save_every: int, events) -> None:
-    from reliability.ettr.tracker import ETTRTracker
-    from ucp.manager import CheckpointManager
-    from ucp.policies import EveryNSteps, KeepLast
-
-    import ucp
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        layout = Layout.parse(layout_text)
-        tp_group, dp_group = _groups(layout, rank)
-        model = dm.ParallelMLP(layout, rank, tp_group)
-        optimizer = torch.optim.Adam(model.ordered_parameters(), lr=0.02)
-        manager = CheckpointManager(directory, save_policy=EveryNSteps(save_every), retention=KeepLast(3),
-                                    process_group=dist.group.WORLD,
-                                    save_options={"program": PROGRAM, "layout": layout})
-        tracker = ETTRTracker(directory, flush_every_s=0.0) if rank == 0 else None  # toy steps: record each
-
-        step = manager.latest_step() or 0
-        if step:
-            # Each rank reads only the bytes of its own shard, whatever layout saved them.
-            state = ucp.load(manager.path_for(step), program=PROGRAM, layout=layout, rank=rank)
-            with torch.no_grad():
-                for name in dm.PARAMS:
-                    model.param(name).copy_(state["model"][name])
-            optimizer.load_state_dict(state["optim"])
-            events.put(("resumed", rank, step, _by_value(model)))
-        if tracker:
-            tracker.start(resumed_step=step)
-
-        coords = layout.coords(rank)
-        while step < last_step:
-            step += 1
-            began = time.perf_counter()
-            tokens, targets = dm.batch(step, coords.dp)
-            loss = torch.nn.functional.cross_entropy(model(tokens), targets)
-            optimizer.zero_grad()
-            loss.backward()
-            for param in model.ordered_parameters():  # data-parallel gradient averaging
-                dist.all_reduce(param.grad, group=dp_group)
-                param.grad /= layout.dp
-            optimizer.step()
-            if tracker:
-                tracker.record_step(step, seconds=time.perf_counter() - began)
-            if manager.save_policy.should_save(step=step, seconds_since_save=0.0):
-                began = time.perf_counter()
-                manager.save(step, model.state(optimizer, step, data_position=step * 16))
-                if tracker:
-                    tracker.record_save(step=step, blocking_s=time.perf_counter() - began)
-                events.put(("saved", rank, step, _by_value(model)))
-            if rank == 0:
-                events.put(("step", rank, step, loss.item()))
-        if tracker:
-            tracker.close()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_phase(layout_text: str, directory: str, last_step: int, save_every: int, *,
-               kill_after_step: int | None, on_event) -> None:
-    world = Layout.parse(layout_text).world_size
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, layout_text, directory, last_step, save_every, events))
-             for r in range(world)]
-    for proc in procs:
-        proc.start()
-    killed = False
-    deadline = time.monotonic() + 300
-    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-        try:
-            event = events.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        on_event(event)
-        if kill_after_step is not None and event[0] == "step" and event[2] >= kill_after_step and not killed:
-            for proc in procs:  # the injected failure: every process dies at once
-                os.kill(proc.pid, signal.SIGKILL)
-            killed = True
-    for proc in procs:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-    while True:  # events sent just before the end
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            break
-        except Exception:  # noqa: BLE001 - a message cut short by the SIGKILL
-            if killed:
-                break
-            raise
-        on_event(event)
-    if not killed and any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"demo phase {layout_text}: worker exit codes {[p.exitcode for p in procs]}")
-
-
-def _assemble(shards: dict[int, dict[str, torch.Tensor]], layout_text: str) -> dict[str, torch.Tensor]:
-    """Logical tensors from the ranks' local shards, by the demo's own layout rules."""
-    layout = Layout.parse(layout_text)
-    out = {name: torch.full(shape, float("nan")) for name, shape in dm.LOGICAL_SHAPES.items()}
-    for rank, params in shards.items():
-        for name, tensor in params.items():
-            out[name][dm.local_box(name, layout, rank).slices()] = tensor
-    return out
-
-
-def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_every: int = 10,
-             kill_after_step: int = 25) -> DemoReport:
+def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_every: int = 5,
+             kill_after_step: int = 22, model: str = "", plot: bool = True) -> DemoReport:
     """Run the whole demo in ``directory`` (emptied first); see the module doc."""
     import ucp
     from reliability.ettr.tracker import ETTRTracker
 
-    directory = str(directory)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    report = DemoReport(directory)
-    saved: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-    resumed: dict[int, dict[str, torch.Tensor]] = {}
-
-    def on_event(event) -> None:
-        kind, rank, step, payload = event
-        if kind == "step":
-            report.losses[step] = payload
-            report.killed_at_step = max(report.killed_at_step, step)
-            if step % 5 == 0:
-                say(f"  step {step:3d}  loss {payload:.3f}")
-        elif kind == "saved":
-            saved.setdefault(step, {})[rank] = {n: torch.from_numpy(a) for n, a in payload.items()}
-            if rank == 0:
-                say(f"  step {step:3d}  checkpoint saved by every rank (each writes only its own shards)")
-        elif kind == "resumed":
-            resumed[rank] = {n: torch.from_numpy(a) for n, a in payload.items()}
-            report.resumed_from_step = step
-
-    say(f"1. training on 4 processes as {FIRST_LAYOUT}, checkpoints mapped by the UCL program "
-        f"{os.path.relpath(PROGRAM)}; a failure kills every process after step {kill_after_step}")
-    _run_phase(FIRST_LAYOUT, directory, steps, save_every, kill_after_step=kill_after_step, on_event=on_event)
-    last = max(saved)
-    say(f"   killed at step {report.killed_at_step} (SIGKILL); the last committed checkpoint is step {last}")
-
-    path = os.path.join(directory, f"step_{last:08d}")
-    verify = ucp.verify(path)
-    if not verify.ok:
-        raise RuntimeError(f"demo: checkpoint {path} failed verification: {verify}")
-    reference = _assemble(saved[last], FIRST_LAYOUT)
-    whole = ucp.load(path)
-    for name, tensor in reference.items():
-        if not torch.equal(whole[name], tensor):  # a whole load is keyed by logical name
-            raise RuntimeError(f"demo: logical tensor {name} differs from the shards that saved it")
-        report.verified_tensors += 1
-    say(f"2. verified: checksums clean; {report.verified_tensors} logical tensors equal the 4 ranks' shards bit for bit")
-
-    say(f"3. resuming on 2 processes as {SECOND_LAYOUT} from the 4-process checkpoint")
-    _run_phase(SECOND_LAYOUT, directory, steps, save_every, kill_after_step=None, on_event=on_event)
-    second = Layout.parse(SECOND_LAYOUT)
-    for rank, params in resumed.items():
-        for name, tensor in params.items():
-            if not torch.equal(tensor, reference[name][dm.local_box(name, second, rank).slices()]):
-                raise RuntimeError(f"demo: rank {rank} of {SECOND_LAYOUT} loaded a wrong shard of {name}")
-            report.resharded_tensors += 1
-    say(f"   each of 2 ranks loaded its shards of step {report.resumed_from_step}: "
-        f"{report.resharded_tensors} shard loads, all bit-exact")
-    report.final_step = max(report.losses)
-    report.checkpoints = sorted(int(p.name.split("_")[1]) for p in Path(directory).glob("step_*")
-                                if (p / "manifest.json").exists())
+    directory = os.fspath(directory)
+    settings = TrainSettings()
+    cfg = LlamaConfig.parse(model)
+    plan = FailurePlan(stack=STACK, before=FIRST_LAYOUT, after=SECOND_LAYOUT, model=model, settings=settings,
+                       steps=steps, save_every=save_every, kill_after_step=kill_after_step, kill_rank=5,
+                       verify_load=True, keep_last=None)
+    start_fork_server()
+    say(f"1. training a Llama-style decoder (GQA, RoPE, SwiGLU; {cfg.layers} layers) Megatron style on 8 "
+        f"processes as {FIRST_LAYOUT}; ucp checkpoint every {save_every} steps, mapped by the megatron-gpt "
+        f"UCL preset; a failure kills rank {plan.kill_rank} after step {kill_after_step}")
+    recovery = run_with_failure(plan, directory, on_event=_progress(say))
+    say("3. the uninterrupted reference: the same steps on one process, never stopped")
+    report = DemoReport(directory, recovery, reference=reference_run(model, settings, steps))
+    report.verified = recovery.verified_tensors > 0 and not recovery.verify_mismatches
+    checked = ucp.verify(recovery.checkpoint)
+    if not checked.ok or not report.verified:
+        raise DemoCheckFailed(f"checkpoint {recovery.checkpoint} failed verification: {checked} "
+                              f"{recovery.verify_mismatches[:5]}")
     report.ettr = ETTRTracker(directory).summary()
-    first_loss, final_loss = report.losses[min(report.losses)], report.losses[report.final_step]
-    say(f"4. trained to step {report.final_step}: loss {first_loss:.3f} -> {final_loss:.3f}; "
-        f"checkpoints kept: {report.checkpoints}")
-    say(f"5. {report.ettr} (a toy model: process start-up dominates its wall clock)")
-    say(f"   next: ucp inspect {path} ; ucp ucl check {os.path.relpath(PROGRAM)} --layout tp=4,dp=3 --against {path}")
+    if plot:
+        report.plot = plot_losses(report, os.path.join(directory, PLOT_NAME))
+    for line in summary_lines(report):
+        say(line)
+    if report.max_relative_error >= LOSS_TOLERANCE:  # the table above shows where the curves part
+        step = max(report.relative_errors, key=report.relative_errors.get)
+        raise DemoCheckFailed(f"the run's loss left the uninterrupted reference: {report.max_relative_error:.1e} "
+                              f"relative at step {step} (tolerance {LOSS_TOLERANCE:.0e})")
     return report
+
+
+def _shown(path: str) -> str:
+    """A path as the user would type it: relative when under the working directory."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def summary_lines(report: DemoReport) -> list[str]:
+    """The report as a table (rich renders it; plain text when captured)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    r = report.recovery
+    losses = r.losses
+    ref = report.reference
+    around = [s for s in range(r.resumed_from - 1, min(r.killed_at_step + 3, r.final_step) + 1) if s >= 1]
+    curve = Table(title="loss around the failure (the run vs the uninterrupted reference)")
+    for column in ("step", f"before: {r.plan.before}", f"after: {r.plan.after}", "reference", "rel. diff"):
+        curve.add_column(column, justify="right")
+    for s in around:
+        first = r.first_losses.get(s)
+        second = losses.get(s) if s > r.resumed_from else None
+        shown = second if second is not None else first
+        curve.add_row(str(s), "" if first is None else f"{first:.6f}", "" if second is None else f"{second:.6f}",
+                      f"{ref[s - 1]:.6f}", f"{abs(shown - ref[s - 1]) / ref[s - 1]:.1e}")
+    curve.add_row(str(r.final_step), "", f"{losses[r.final_step]:.6f}", f"{ref[r.final_step - 1]:.6f}",
+                  f"{report.relative_errors[r.final_step]:.1e}")
+    facts = Table(title="what the failure cost")
+    facts.add_column("measure")
+    facts.add_column("value", justify="right")
+    redone = r.killed_at_step - r.resumed_from
+    facts.add_row("largest loss deviation from the reference, any step", f"{report.max_relative_error:.1e} (relative)")
+    facts.add_row("checkpoint size (one step)", f"{r.checkpoint_bytes / 2**20:.2f} MiB")
+    facts.add_row("save time (mean, blocking)", f"{report.mean_save_s:.2f} s over {len(r.saves)} saves")
+    facts.add_row("time lost to the failure", f"{report.time_lost_s:.2f} s ({r.lost_compute_s:.2f} s of compute "
+                  f"redone: {redone} steps; {r.recovery_s:.2f} s recovery)")
+    facts.add_row("recovery time (SIGKILL -> first step done)",
+                  f"{r.recovery_s:.2f} s = detect {r.detect_s:.2f} + teardown {r.teardown_s:.2f} + restart "
+                  f"{r.restart_s:.2f} + load {r.load_s:.2f} + first step {r.first_step_s:.2f}")
+    facts.add_row("ETTR of the run (toy steps of ~0.1 s: start-up and saves dominate)", str(report.ettr))
+    console = Console(width=120, force_terminal=False)
+    with console.capture() as captured:
+        console.print(curve)
+        console.print(facts)
+    text = captured.get()
+    cfg = LlamaConfig.parse(r.plan.model)
+    check = (f"   next: ucp inspect {_shown(r.checkpoint)} ; ucp ucl check megatron-gpt "
+             f"--layout tp=4,pp=4,dp=2,zero=1 --against {_shown(r.checkpoint)} "
+             f"--param {cfg.megatron_program().split(':', 1)[1]}")
+    plot = [f"   the two loss curves, overlaid: {_shown(report.plot)}"] if report.plot else []
+    return [*text.rstrip("\n").split("\n"), *plot, check]
+
+
+__all__ = ["run_demo", "DemoReport", "DemoCheckFailed", "plot_losses", "summary_lines", "FIRST_LAYOUT",
+           "SECOND_LAYOUT", "PLOT_NAME"]

@@ -84,7 +84,9 @@ def local_geometry(rule: TensorRule, ctx: Context, env: Env, names: list[str], s
                 if groups <= 0 or shape[d] % groups:
                     raise UclError(
                         f"{ctx.program.where(rule.line)}: {name!r} has {shape[d]} elements along dim {d}, "
-                        f"not a multiple of the {groups} fused groups"
+                        f"not a multiple of the {groups} fused groups: a fused dimension is cut into equal "
+                        "groups, so an uneven split of it is refused (Megatron refuses it too: ffn_hidden_size "
+                        "and the query/key/value heads must divide by tp)"
                     )
                 units.append(shape[d] // groups)
             g0, gl = split_evenly(groups, parts, index)

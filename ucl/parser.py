@@ -333,6 +333,20 @@ def _require(ln: _Line, number: int) -> Require:
     return Require(number, condition, message, tuple(holes))
 
 
+def _refuse_sized_fuse(kw: str, dim: int, kw_col: int, ln: _Line, f: dict) -> None:
+    """A fused dimension takes neither ``pad`` nor ``size``: its parts are equal groups sized by their
+    weights, so the compiler has nowhere to apply them; ignoring them would save the padding as data."""
+    fused = f.get("fuse")
+    if kw in ("pad", "size") and fused is not None and fused[0] == dim:
+        clash = f"'{kw} dim {dim}' on the fused dimension ('fuse dim {dim}' above)"
+    elif kw == "fuse" and dim in {p.dim for p in f.get("pads", ())} | {d for d, _ in f.get("sizes", ())}:
+        clash = f"'fuse dim {dim}' on a dimension the rule pads or sizes ('pad dim {dim}' or 'size dim {dim}' above)"
+    else:
+        return
+    raise ln.error(f"{clash}: a fused dimension is cut into equal groups of its parts, so it cannot be padded "
+                   "or sized; declare each part's logical shape instead: part NAME shape [...]", kw_col)
+
+
 def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
     kind, f, _ = current
     allowed = TENSOR_CLAUSES if kind == "tensor" else FLAT_CLAUSES
@@ -367,6 +381,7 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
         ln.keyword("dim", kw)
         dim = ln.integer(f"a dimension number after '{kw} dim'")
         after = f"{kw} dim {dim}"
+        _refuse_sized_fuse(kw, dim, kw_col, ln, f)
         if kw == "split":
             ln.keyword("over", after)
             f["splits"] = f.get("splits", ()) + (Split(dim, ln.groups(f"{after} over")),)

@@ -93,6 +93,7 @@ class CheckpointManager:
         staging_budget: int | None = None,
         verify: bool = False,
         save_options: dict[str, Any] | None = None,
+        replicas: Any = None,
     ) -> None:
         if not callable(getattr(save_policy, "should_save", None)):
             raise InvalidArgumentError(f"save_policy {save_policy!r} has no should_save method")
@@ -121,6 +122,8 @@ class CheckpointManager:
 
             self._saver = AsyncSaver(staging_budget=staging_budget)
         self._pending: list[tuple[int, Any]] = []  # (step, handle) of async saves not yet finalized
+        self.replicas = replicas
+        self._unreplicated: list[str] = []  # committed async saves, replicated at the next collective point
         self._records: list[SaveRecord] = []
         self._last_save = time.monotonic()
 
@@ -205,6 +208,7 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         if self._saver is not None:
             self._finalize(block=True)  # one save in flight: the previous one commits first
+            self._replicate_committed()
             handle = self._saver.save(state, path, **options)
             self._pending.append((step, handle))
             return path
@@ -212,6 +216,8 @@ class CheckpointManager:
 
         started = time.perf_counter()
         ucp.save(state, path, **options)
+        self._unreplicated.append(path)
+        self._replicate_committed()
         self._records.append(SaveRecord(step, path, time.perf_counter() - started, 0.0, False))
         self._apply_retention()
         return path
@@ -219,6 +225,7 @@ class CheckpointManager:
     def wait(self) -> None:
         """Wait for an async save in flight; raise :class:`~ucp.errors.AsyncSaveError` if it failed."""
         self._finalize(block=True)
+        self._replicate_committed()
 
     # ---------------------------------------------------------------- restore
     def restore(self, *, into: Any, **load_options: Any) -> int | None:
@@ -242,8 +249,11 @@ class CheckpointManager:
         from ucp.api import load_recording
 
         self._finalize(block=True)
+        self._replicate_committed()
         if self.rank == 0:
             self.sweep_stale_saves()
+        if self.replicas is not None:  # lost or damaged arrays come back from peers before anything is read
+            self.replicas.recover_all(self.directory, lost="warn")  # unrecoverable: the fallback below skips it
         skipped: list[tuple[str, set[str]]] = []  # (path, keys its failed load may have filled)
         for step in self._broadcast(self.steps() if self.rank == 0 else None):
             path = self.path_for(step)
@@ -321,6 +331,12 @@ class CheckpointManager:
                           "overwrite had moved it", RestoreFallbackWarning, stacklevel=3)
 
     # -------------------------------------------------------------- internals
+    def _replicate_committed(self) -> None:
+        """Replicate the saves committed since the last call; every rank calls it at the same points."""
+        paths, self._unreplicated = self._unreplicated, []
+        for path in paths if self.replicas is not None else ():
+            self.replicas.replicate(path)
+
     def _distributed(self) -> bool:
         import torch.distributed as dist
 
@@ -384,6 +400,7 @@ class CheckpointManager:
                 self._saver.wait()  # raises the failure (once) through the saver
             finally:
                 if handle.exception() is None:
+                    self._unreplicated.append(str(handle.path))
                     self._records.append(
                         SaveRecord(step, str(handle.path), handle.blocking_seconds,
                                    handle.background_seconds or 0.0, True)

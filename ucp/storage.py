@@ -29,6 +29,7 @@ import math
 import os
 import posixpath
 import shutil
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -58,6 +59,12 @@ IO_THREADS = 4
 
 # Plain chunk writes go in pieces this big, each hashed right before it is written.
 WRITE_PIECE_BYTES = 1 << 20
+
+# Bytes of packs a reader keeps (least recently used dropped first; the newest is always kept).
+# A rank loading under another layout takes each tensor's pieces from several source ranks'
+# packs in turn: with one pack kept, every switch re-read a whole pack (~16 MiB) for one small
+# tensor. Four packs of the writer's 16 MiB target fit.
+PACK_CACHE_BYTES = 64 << 20
 
 
 def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | None = None) -> int:
@@ -96,7 +103,7 @@ class Storage:
         # than thousands of fsyncs, and just as durable for the commit rule.
         self.context = ts.Context({"file_io_sync": False})
         self._threads: ThreadPoolExecutor | None = None
-        self._pack_cache: tuple[str, bytes] | None = None
+        self._pack_cache: OrderedDict[str, bytes] = OrderedDict()  # pack -> its bytes, least recent first
         self._synced: set[str] = set()  # chunk files already fsynced by their writer thread
         self.reused = False  # set when the location may hold arrays of an earlier, killed save
         self._memory = None if self.local else ts.KvStore.open({"driver": "memory"}, context=self.context).result()
@@ -296,7 +303,7 @@ class Storage:
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
-        self._pack_cache = None
+        self._pack_cache.clear()
 
     def _pool(self) -> ThreadPoolExecutor:
         # File creation is latency-bound (metadata ops); a few threads overlap it.
@@ -325,20 +332,27 @@ class Storage:
                     extent: int) -> np.ndarray:
         """Read one packed fragment: a byte range of a pack array's only chunk.
 
-        The first ``extent`` bytes of the last pack read (as far as the manifest's fragments of
-        it reach; packs are ~16 MiB) are kept, so the many small tensors of a pack cost one
-        file read, not one each.
+        The first ``extent`` bytes of the packs read last (as far as the manifest's fragments of
+        each reach; packs are ~16 MiB) are kept, up to ``PACK_CACHE_BYTES``, so the many small
+        tensors of a pack cost one file read, not one each, even when a load takes turns
+        between the packs of several source ranks.
         """
         name = chunk_key((0,), 0)
         where = self.display(rel, name)
         np_dtype = np.dtype(dtype).newbyteorder("<")
         nbytes = math.prod(shape) * np_dtype.itemsize
-        if self._pack_cache is None or self._pack_cache[0] != rel:
+        pack = self._pack_cache.get(rel)
+        if pack is None:
             try:
-                self._pack_cache = (rel, self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0])
+                pack = self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0]
             except FileNotFoundError:
                 raise _missing(what, where) from None
-        data = self._pack_cache[1][offset : offset + nbytes]
+            self._pack_cache[rel] = pack
+            held = sum(len(b) for b in self._pack_cache.values())
+            while held > PACK_CACHE_BYTES and len(self._pack_cache) > 1:
+                held -= len(self._pack_cache.popitem(last=False)[1])
+        self._pack_cache.move_to_end(rel)
+        data = pack[offset : offset + nbytes]
         if len(data) != nbytes:
             raise TruncatedDataError(
                 f"{what}: {where} is shorter than the manifest says (bytes {offset}..{offset + nbytes} wanted, "

@@ -22,6 +22,11 @@ MODULES = [
     "replication.rl_net",
     "replication.rl_policy",
     "replication.evaluate",
+    "replication.replica_tiers",
+    "replication.replica_map",
+    "replication.replica_files",
+    "replication.replica_plan",
+    "replication.replica_transfer",
 ]
 
 
