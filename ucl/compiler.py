@@ -88,14 +88,14 @@ def _finish(ctx: Context, instances: list[_Instance], logical: dict, flats: list
             saving: bool) -> BoundFragmentMap:
     shapes_by_name = {n: t.shape for n, t in logical.items()}
     tensors, local = {}, {}
+    holder_cache: dict = {}  # which ranks hold each local tensor's pieces: asked again by the flat buffers
     for inst in instances:
         if inst.rule.virtual:
             continue
-        replica, replicas = replication(inst.rule, ctx, inst.captures, shapes_by_name, inst.pieces)
+        replica, replicas = replication(inst.rule, ctx, inst.captures, shapes_by_name, inst.pieces, holder_cache)
         tensors[inst.key] = TensorSpec(inst.key, tuple(inst.pieces), replica, replicas, inst.rule.policy)
         local[inst.key] = LocalTensor(inst.key, inst.local_shape, inst.dtype)
     members = [i for i in instances if not i.rule.derived]
-    holder_cache: dict = {}
     for rule, key, shape, pieces, dtype, owners in flats:
         replica, replicas, drop = flat_replication(rule, ctx, members, shapes_by_name, holder_cache)
         if saving and drop:

@@ -27,9 +27,8 @@ def _rule_names(program: Program, rule) -> set[str]:
     return let_closure(frozenset(names), program.lets)
 
 
-def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list) -> tuple[int, int]:
-    """(replica, replicas): the ranks that hold exactly these pieces under this rule."""
-    program = ctx.program
+def _dims(rule, program: Program) -> tuple[set, set]:
+    """(dims whose rank the rule reads, dims it splits or partitions over)."""
     names = _rule_names(program, rule)
     referenced = {GROUP_DIM[n.split(".")[0]] for n in names if n.endswith(".rank") and n.split(".")[0] in GROUP_DIM}
     split_groups = [g for s in getattr(rule, "splits", ()) for g in s.groups]
@@ -37,20 +36,46 @@ def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces
         split_groups += list(rule.partition_groups)
     used = {GROUP_DIM[g] for g in split_groups if g in ("tp", "cp", "dp", "pp")}
     referenced |= {"dp" for g in split_groups if g in ("ep", "edp")}
+    return referenced, used
+
+
+def holders(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces, dim: str, cache: dict) -> list[int]:
+    """The coordinates along ``dim`` of the ranks that hold exactly ``pieces`` under this tensor rule.
+
+    A dim the rule splits over holds other pieces on every other rank; a dim whose rank it never
+    reads holds the same pieces everywhere; only the others are evaluated, once per compile for
+    each local tensor (``cache``: the same members recur in the flat buffer of every state).
+    """
+    size, mine = getattr(ctx.layout, dim), getattr(ctx.coords, dim)
+    if ("dims", id(rule)) not in cache:
+        cache[("dims", id(rule))] = _dims(rule, ctx.program)
+    referenced, used = cache[("dims", id(rule))]
+    if dim in used:
+        return [mine]
+    if dim not in referenced:
+        return list(range(size))
+    key = (id(rule), tuple(sorted(captures.items())), dim)
+    if key not in cache:
+        if ("peers", id(rule)) not in cache:
+            cache[("peers", id(rule))] = _peers(ctx.program, rule)
+        peers = cache[("peers", id(rule))]
+        own = {(p.logical, str(p.target)) for p in pieces}
+        cache[key] = [v for v in range(size) if v == mine or _holds(rule, ctx.at(**{dim: v}), captures,
+                                                                     shapes_by_name, own, peers)]
+    return cache[key]
+
+
+def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list,
+                cache: dict | None = None) -> tuple[int, int]:
+    """(replica, replicas): the ranks that hold exactly these pieces under this rule."""
     over = getattr(rule, "replicate_over", None)
     dims = ("tp", "cp", "dp", "pp") if over is None else tuple(dict.fromkeys(GROUP_DIM[g] for g in over))
-    own = {(p.logical, str(p.target)) for p in pieces}
     replica, replicas = 0, 1
     for dim in dims:
-        size = getattr(ctx.layout, dim)
-        mine = getattr(ctx.coords, dim)
-        if dim in used or size == 1:
+        if getattr(ctx.layout, dim) == 1:
             continue
-        if dim not in referenced:
-            replica, replicas = replica * size + mine, replicas * size
-            continue
-        holders = [v for v in range(size) if _holds(rule, ctx.at(**{dim: v}), captures, shapes_by_name, own)]
-        replica, replicas = replica * len(holders) + holders.index(mine), replicas * len(holders)
+        found = holders(rule, ctx, captures, shapes_by_name, pieces, dim, {} if cache is None else cache)
+        replica, replicas = replica * len(found) + found.index(getattr(ctx.coords, dim)), replicas * len(found)
     return replica, replicas
 
 
@@ -77,13 +102,13 @@ def _pieces_of(rule, ctx: Context, captures: dict, shapes_by_name: dict):
     return {(p.logical, str(p.target)) for p in pieces}
 
 
-def _holds(rule, other: Context, captures: dict, shapes_by_name: dict, own: set) -> bool:
-    """Whether rank ``other`` holds exactly the pieces ``own``, under this rule or a tied peer."""
+def _holds(rule, other: Context, captures: dict, shapes_by_name: dict, own: set, peers: list) -> bool:
+    """Whether rank ``other`` holds exactly the pieces ``own``, under this rule or a tied peer (``peers``)."""
     if isinstance(rule, FlatRule):
         return False  # partitions are never identical across the partition group
     if _pieces_of(rule, other, captures, shapes_by_name) == own:
         return True
-    for peer in _peers(other.program, rule):
+    for peer in peers:
         bounds = bounds_of(peer)
         for values, _ in enumerate_captures(peer, other, peer.local.captures, bounds, {}, 1):
             if _pieces_of(peer, other, values, shapes_by_name) == own:
@@ -107,15 +132,9 @@ def flat_replication(rule: FlatRule, ctx: Context, members: list, shapes_by_name
         size, mine = getattr(ctx.layout, dim), getattr(ctx.coords, dim)
         if dim in used or size == 1:
             continue
-        per_member = {}
-        for m in chosen:
-            if (m.key, dim) not in cache:  # the same members recur in the buffer of every state
-                own = {(p.logical, str(p.target)) for p in m.pieces}
-                cache[(m.key, dim)] = [v for v in range(size) if v == mine
-                                       or _holds(m.rule, ctx.at(**{dim: v}), m.captures, shapes_by_name, own)]
-            per_member[m.key] = cache[(m.key, dim)]
-        holders = [v for v in range(size) if all(v in h for h in per_member.values())]
-        replica, replicas = replica * len(holders) + holders.index(mine), replicas * len(holders)
-        if len(holders) == 1:
+        per_member = {m.key: holders(m.rule, ctx, m.captures, shapes_by_name, m.pieces, dim, cache) for m in chosen}
+        common = [v for v in range(size) if all(v in h for h in per_member.values())]
+        replica, replicas = replica * len(common) + common.index(mine), replicas * len(common)
+        if len(common) == 1:
             drop |= {k for k, h in per_member.items() if h[0] != mine}
     return replica, replicas, drop

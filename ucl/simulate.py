@@ -27,9 +27,17 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
 
 def _views(local: torch.Tensor, logical: torch.Tensor, piece):
     if isinstance(piece.local, Box):
-        return local[piece.local.slices()], logical[piece.target.slices()]
-    return (local.reshape(-1)[piece.local.start : piece.local.stop],
-            logical.reshape(-1)[piece.target.start : piece.target.stop])
+        return local[piece.local.slices()], _target_view(logical, piece)
+    run = local.reshape(-1)[piece.local.start : piece.local.stop]
+    if isinstance(piece.target, Box):  # a flat run holding a box in row-major order
+        run = run.view(piece.target.sizes)
+    return run, _target_view(logical, piece)
+
+
+def _target_view(logical: torch.Tensor, piece) -> torch.Tensor:
+    if isinstance(piece.target, Box):
+        return logical[piece.target.slices()]
+    return logical.reshape(-1)[piece.target.start : piece.target.stop]
 
 
 def scatter(logical: dict[str, torch.Tensor], fmap: BoundFragmentMap, *, fill: float = 0.0) -> dict[str, torch.Tensor]:
@@ -74,7 +82,7 @@ def gather(fmaps: Sequence[BoundFragmentMap], locals_: Sequence[dict[str, torch.
                 f"{int((c > 1).sum())} covered more than once"
             )
     for rank, key, piece, src in replicas:
-        _, dst = _views(src, out[piece.logical], piece)
+        dst = _target_view(out[piece.logical], piece)
         if not torch.equal(src, dst):
             raise ReplicaMismatchError(f"rank {rank} {key!r}: replica of {piece.logical!r} {piece.target} differs")
     return out

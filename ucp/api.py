@@ -18,7 +18,7 @@ import torch
 
 from ucp.dtypes import allocate, dtype_name
 from ucp.errors import InvalidArgumentError, KeyMismatchError, ShapeMismatchError, UcpError, UnsupportedTensorError
-from ucp.geometry import Box, FlatRange, Region
+from ucp.geometry import Box, FlatRange, Region, region_shape
 from ucp.layout import Layout
 from ucp.programs import compile_for_load, compile_for_save
 from ucp.reader import CheckpointReader
@@ -396,12 +396,15 @@ def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region,
         view = dest[local.slices()] if local.ndim else dest
         reader.read_into(logical, target, view)
         return
+    # A flat run of the destination, viewed as the target's storage: 1-d for a flat range, the
+    # box's sizes for a box (the run holds the box in row-major order).
+    shape = region_shape(target)
     if dest.is_contiguous():
-        reader.read_into(logical, target, dest.view(-1)[local.start : local.stop])
+        reader.read_into(logical, target, dest.view(-1)[local.start : local.stop].view(shape))
         return
     # A flat range of a non-contiguous tensor has no view: stage it, then scatter.
     flat = dest.reshape(-1).clone()
-    reader.read_into(logical, target, flat[local.start : local.stop])
+    reader.read_into(logical, target, flat[local.start : local.stop].view(shape))
     dest.copy_(flat.view(dest.shape))
 
 

@@ -37,9 +37,14 @@ from typing import Any
 from ucp.errors import LayoutError, ManifestError
 from ucp.geometry import Box, FlatRange, Region, region_from_dict, region_to_dict
 
-# A replicated piece is split among its replicas for writing only above this
-# many bytes; smaller ones are written whole by one replica chosen by name hash.
-SPREAD_MIN_BYTES = 1 << 20
+# A replicated piece is split among its replicas for writing into parts of at least
+# this many bytes (at most one per replica); smaller ones are written whole by one
+# replica chosen by name hash (ucp.write_units).
+SPREAD_MIN_BYTES = 4 << 20
+# ... and into at most this many parts, whatever the number of replicas: the fragments of a
+# replicated piece (manifest entries, files, checksums) do not grow with dp. The writes still
+# spread, because each piece starts at its own replica (a hash) and a rank holds many pieces.
+SPREAD_MAX_PARTS = 16
 
 REPLICA_POLICIES = ("check-equal", "take-first", "average")
 
@@ -57,10 +62,17 @@ class LogicalTensor:
 class ShardPiece:
     """A region of a local tensor equal to a region of logical tensor ``logical``.
 
-    ``local`` and ``target`` must be the same kind: two boxes of equal sizes
-    (the local box is over the local tensor's shape, the target box over the
-    logical shape) or two flat ranges of equal length (over the row-major
-    flattenings).
+    Three kinds, each with equal element counts on both sides:
+
+    * ``Box <-> Box`` of equal sizes (the local box is over the local tensor's
+      shape, the target box over the logical shape);
+    * ``FlatRange <-> FlatRange`` of equal length (over the row-major flattenings);
+    * ``FlatRange <-> Box``: a run of the local tensor's flattening that holds the
+      target box in row-major order (a ZeRO buffer's share of a row-parallel
+      shard: whole rows of the box, one run of the buffer)::
+
+        >>> ShardPiece("w", local=FlatRange(10, 16), target=Box((0, 4), (2, 3))).local.numel
+        6
     """
 
     logical: str
@@ -73,14 +85,15 @@ class ShardPiece:
                 raise LayoutError(
                     f"piece of {self.logical!r}: local box {self.local} and target box {self.target} differ in size"
                 )
-        elif isinstance(self.local, FlatRange) and isinstance(self.target, FlatRange):
+        elif isinstance(self.local, FlatRange) and isinstance(self.target, (FlatRange, Box)):
             if self.local.numel != self.target.numel:
                 raise LayoutError(
                     f"piece of {self.logical!r}: local {self.local} and target {self.target} differ in length"
                 )
         else:
             raise LayoutError(
-                f"piece of {self.logical!r}: local and target regions must both be boxes or both flat ranges"
+                f"piece of {self.logical!r}: a local box needs a target box of the same sizes, and a local flat "
+                "range a target flat range or box of the same length"
             )
 
 

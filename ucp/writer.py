@@ -19,7 +19,6 @@ referenced, not copied, until the write completes: leave them unchanged until
 from __future__ import annotations
 
 import functools
-import re
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,8 +31,9 @@ from ucp import checksum as _checksum
 from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing,
                         new_token, open_target, write_part)
 from ucp.dtypes import host_array, storage_dtype
+from ucp.fragment_plan import array_key
 from ucp.errors import CheckpointExistsError, InvalidArgumentError, LayoutError, NameConflictError, UcpError
-from ucp.geometry import Box, Region, region_to_dict
+from ucp.geometry import Box, Region, region_shape, region_to_dict
 from ucp.manifest import Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
@@ -45,7 +45,8 @@ from ucp.write_units import average_replicas, local_region, write_units
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save did, on this rank; ``manifest`` once the checkpoint is committed."""
+    """What a save did, on this rank; ``manifest`` once the checkpoint is committed, on the rank that
+    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment)."""
 
     path: str
     rank: int
@@ -200,20 +201,17 @@ class CheckpointWriter:
                 self._write(lt.name, name, data, sub_local, sub_target)
 
     def _write(self, logical: str, dtype: str, data: torch.Tensor, local: Region, target: Region) -> None:
-        if isinstance(local, Box):
-            part = data[local.slices()] if local.ndim else data
-            shape = local.sizes
-        else:
-            part = data[local.start : local.stop]
-            shape = (local.numel,)
+        # The fragment is the target region: a box target of a flat local run (a ZeRO buffer's
+        # share of a shard) is that run, which holds the box in row-major order, reshaped.
+        part = (data[local.slices()] if local.ndim else data) if isinstance(local, Box) else data[local.start : local.stop]
+        shape = region_shape(target)
         array = host_array(part).reshape(shape)
         rows = chunk_rows_for(shape, array.itemsize, chunk_bytes=self._options.chunk_bytes)
         chunks = chunk_count(shape, rows)
         if self._pack_max and 0 < array.nbytes <= self._pack_max and chunks == 1:
             self._add_to_pack(logical, array, target, rows)
             return
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", logical)[:80]
-        rel = f"data/{self._target.key_prefix}r{self.rank}/{self._counter:06d}-{safe}"
+        rel = "data/" + array_key(self.rank, self._counter, logical, prefix=self._target.key_prefix)
         self._counter += 1
         attributes = {"ucp": {"dtype": dtype, "logical": logical, "region": region_to_dict(target)}}
         frag = Fragment(key=rel.removeprefix("data/"), rank=self.rank, region=target,
@@ -333,35 +331,33 @@ class CheckpointWriter:
         return self._result(committed=True, manifest=manifest)
 
     def _close_collective(self) -> SaveResult:
-        """Gather the parts, merge, commit on rank 0, broadcast the outcome.
+        """Gather the parts on rank 0, which merges and commits, then broadcast the outcome.
 
-        :meth:`_abort` makes the same two collectives in the same order, so a rank that
-        aborts and ranks that close always meet, and every rank learns why a save failed.
+        Only group rank 0 receives the parts (one message from each rank, O(manifest) bytes in
+        all) and holds the manifest; the others send their part and learn the outcome, so no
+        rank but one ever holds every fragment (docs/FORMAT.md, section 9). :meth:`_abort`
+        makes the same two collectives in the same order, so a rank that aborts and ranks that
+        close always meet, and every rank learns why a save failed.
         """
         import torch.distributed as dist
 
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, self._part, group=self._pg)
+        root = dist.get_global_rank(self._pg, 0)
+        parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(self._part, parts, dst=root, group=self._pg)
         outcome: list[Any] = [None]
-        manifest = failure = None
-        try:
-            manifest = merge_parts(parts, created=utc_now())  # every rank checks, so every rank raises alike
-        except UcpError as err:
-            failure = err
+        manifest = None
         if self.rank == 0:
             try:
-                if failure is None:
-                    commit(self._target, manifest)
+                manifest = merge_parts(parts, created=utc_now())
+                commit(self._target, manifest)
             except Exception as err:  # noqa: BLE001 - reported to every rank
                 outcome[0] = err
-            if failure is not None or outcome[0] is not None:
                 self._cleanup()
-        dist.broadcast_object_list(outcome, src=dist.get_global_rank(self._pg, 0), group=self._pg)
-        if failure is not None:
-            if self._part["error"]:
-                raise UcpError(f"save aborted on this rank: {self._part['error']}") from failure
-            raise failure
+            parts = None
+        dist.broadcast_object_list(outcome, src=root, group=self._pg)
         if outcome[0] is not None:
+            if self._part["error"]:
+                raise UcpError(f"save aborted on this rank: {self._part['error']}") from outcome[0]
             raise outcome[0]
         return self._result(committed=True, manifest=manifest)
 
@@ -391,11 +387,17 @@ class CheckpointWriter:
             import torch.distributed as dist
 
             self._part["error"] = reason
-            parts: list[Any] = [None] * self.world_size
-            dist.all_gather_object(parts, self._part, group=self._pg)
+            root = dist.get_global_rank(self._pg, 0)
+            parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(self._part, parts, dst=root, group=self._pg)
+            outcome: list[Any] = [None]
             if self.rank == 0:
+                try:
+                    merge_parts(parts, created=utc_now())  # raises, naming the rank(s) that failed and why
+                except UcpError as err:
+                    outcome[0] = err
                 self._cleanup()
-            dist.broadcast_object_list([None], src=dist.get_global_rank(self._pg, 0), group=self._pg)
+            dist.broadcast_object_list(outcome, src=root, group=self._pg)
         else:
             self._give_up(reason)
 

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import ucl
+from ucl.flat import contiguous_boxes, is_contiguous
 from ucl.simulate import place, scatter
+from ucp.geometry import Box
 from ucp.layout import Layout
 
 ucp = pytest.importorskip("ucp.api")
@@ -144,6 +146,60 @@ def test_deepspeed_zero3_saved_through_ucp_save_with_logical_shapes(tmp_path, mo
     for rank in range(3):
         got = load_rank(path, "deepspeed-zero", target, rank)
         want = scatter(tensors, ucl.spec_for_load("deepspeed-zero", target, rank, reader.logical()))
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _row_runs(manifest) -> int:
+    """Fragments a one-piece-per-run decomposition needs: each box fragment's runs contiguous in its tensor."""
+    total = 0
+    for entry in manifest.tensors.values():
+        for f in entry.fragments:
+            box = f.region
+            total += len(contiguous_boxes(box, entry.shape)) if isinstance(box, Box) and box.ndim else 1
+    return total
+
+
+def test_megatron_zero1_transition_is_bitwise_with_far_fewer_fragments(tmp_path, models):
+    program = ucl.load_program("megatron-gpt", num_layers=2, hidden_size=32, ffn_hidden_size=48, heads=4,
+                               kv_heads=4, vocab_size=50, vocab_multiple=4)
+    tensors = models.megatron(layers=2, hidden=32, heads=4, kv_heads=4, vocab=50, ffn=48)
+    path = str(tmp_path / "ckpt")
+    lay_a, lay_b = Layout.parse("tp=2,pp=2,dp=2,zero=1"), Layout.parse("tp=4,dp=3,zero=1")
+    save_all(path, program, lay_a, tensors)
+    reader = ucp.CheckpointReader(path)
+    for name, t in tensors.items():
+        assert torch.equal(reader.read_tensor(name), t), name
+    fragments = sum(len(e.fragments) for e in reader.manifest.tensors.values())
+    # the row-parallel shards (linear_proj, linear_fc2: 32 rows each) inside the buffers were one
+    # fragment per row; now a few per partition
+    assert fragments * 4 < _row_runs(reader.manifest), (fragments, _row_runs(reader.manifest))
+    boxes = [f for e in reader.manifest.tensors.values() for f in e.fragments
+             if isinstance(f.region, Box) and not is_contiguous(f.region, e.shape)]
+    assert boxes  # fragments that hold many rows of a column half
+    meta = reader.logical()
+    for rank in range(lay_b.world_size):
+        got = load_rank(path, program, lay_b, rank)
+        want = scatter(tensors, ucl.spec_for_load(program, lay_b, rank, meta))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), rank
+
+
+def test_deepspeed_zero1_transition_is_bitwise_with_one_piece_per_member_share(tmp_path, models):
+    tensors = models.deepspeed()
+    path = str(tmp_path / "ckpt")
+    save_all(path, "deepspeed-zero", Layout.parse("dp=3,zero=1"), tensors)
+    reader = ucp.CheckpointReader(path)
+    meta = reader.logical()
+    # whole members: every partition's share of a member is contiguous in the tensor, so it is one
+    # fragment; a tensor has one fragment per partition it meets
+    for rank in range(3):
+        fmap = ucl.spec_for_load("deepspeed-zero", "dp=3,zero=1", rank, meta)
+        for key, spec in fmap.tensors.items():
+            if key.startswith("optim/") and key != "optim/step":
+                assert len({p.logical for p in spec.pieces}) == len(spec.pieces)
+    lay_b = Layout.parse("dp=2,zero=2")
+    for rank in range(2):
+        got = load_rank(path, "deepspeed-zero", lay_b, rank)
+        want = scatter(tensors, ucl.spec_for_load("deepspeed-zero", lay_b, rank, meta))
         assert all(torch.equal(got[k], want[k]) for k in want)
 
 

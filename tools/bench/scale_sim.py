@@ -1,0 +1,313 @@
+"""Scale simulator: every rank's fragment map and manifest entries for 70B-405B layouts, without tensors.
+
+For each scenario (a model, a layout, with and without the distributed optimizer) it compiles
+the rank's fragment map from the shipped ``megatron-gpt`` UCL program
+(:func:`ucl.bind.spec_for_save`), plans the fragments the writer would record
+(:func:`ucp.fragment_plan.planned_fragments`: spreading over replicas, chunking, packing) and
+serialises them as the manifest would; then it plans a reshard load into another layout
+(``spec_for_load`` plus the reader's overlap planning against the saved fragments). It reports
+
+* fragments in all and per rank (max over the ranks computed), and what the same layout cost
+  with one fragment per contiguous run (the decomposition before ``ucl.flat`` made boxes);
+* the manifest's bytes, and the metadata one loading rank reads (the whole manifest in
+  format 1; ``sharded`` is what it would read from per-rank shards: a root plus the shards of
+  the ranks whose fragments it overlaps);
+* per-rank plan time for the save (compile + write plan) and for the reshard load (compile +
+  overlap plan), the slowest rank computed, in CPU seconds of this process (wall time on a
+  shared machine measures the neighbours).
+
+Computing all 16,384 ranks of a layout takes hours on two cores, so ranks are sampled
+(``--samples``: rank 0, the last rank and a seeded random choice) and totals are the sampled
+mean times the world size; the output says so. A loading rank's overlap plan needs the
+fragments of every source rank it may read: those of its pipeline stage, at its own
+tensor-parallel rank and at tp rank 0, which saves the members flat buffers share
+(:func:`load_sources`); the simulator checks that they cover every region the rank loads
+exactly, except the few norms replicated over tp (each written by one rank anywhere in the
+stage), which it counts as ``load_unplanned_pieces``. Where that is more than
+``--max-load-sources`` ranks to compute (default 256: two tp ranks of a dp=128 stage), only
+the loading rank's own compile is timed, marked ``(compile)``.
+
+    python tools/bench/scale_sim.py                          # every scenario
+    python tools/bench/scale_sim.py --scenarios llama70b-512 --samples 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import ucl
+from ucl.bind import local_shapes, spec_for_load, spec_for_save
+from ucl.declared import declared_logical
+from ucl.flat import contiguous_count
+from ucp.fragment_plan import planned_fragments
+from ucp.geometry import Box, FlatRange, plan_overlaps
+from ucp.layout import Layout
+from ucp.spec import LogicalTensor
+
+LLAMA_70B = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, heads=64, kv_heads=8, vocab_size=128256)
+# 126 layers over 16 stages: Llama 3's own pipeline put one layer fewer on the first and last stage.
+LLAMA_405B = dict(num_layers=126, hidden_size=16384, ffn_hidden_size=53248, heads=128, kv_heads=8,
+                  vocab_size=128256, stage_layers_list=(7,) + (8,) * 14 + (7,))
+MIXTRAL_8X22B = dict(num_layers=56, hidden_size=6144, ffn_hidden_size=16384, heads=48, kv_heads=8, vocab_size=32768,
+                     num_experts=8)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A model (preset parameters), the layout it saves under and the layout a reshard load uses."""
+
+    name: str
+    params: dict
+    save: str
+    load: str
+
+
+SCENARIOS = {s.name: s for s in [
+    Scenario("llama70b-512", LLAMA_70B, "tp=8,pp=8,dp=8", "tp=8,pp=8,dp=6"),
+    Scenario("llama70b-16k", LLAMA_70B, "tp=8,pp=16,dp=128", "tp=8,pp=16,dp=96"),
+    Scenario("llama405b-8k", LLAMA_405B, "tp=8,pp=16,dp=64", "tp=8,pp=16,dp=48"),
+    Scenario("mixtral8x22b-ep8", MIXTRAL_8X22B, "tp=2,pp=4,dp=64,ep=8", "tp=2,pp=4,dp=48,ep=8"),
+]}
+ZERO = {"zero=0": 0, "zero=1": 1}
+
+
+def with_dtypes(logical: dict[str, LogicalTensor]) -> dict[str, LogicalTensor]:
+    """Megatron's dtypes: bf16 parameters, fp32 optimizer states (master copy, moments, step)."""
+    states = ("/fp32", "/exp_avg", "/exp_avg_sq", "/step")
+    return {n: LogicalTensor(n, t.shape, "float32" if n.endswith(states) or n == "optim/step" else "bfloat16")
+            for n, t in logical.items()}
+
+
+def sample_ranks(world: int, samples: int, seed: int = 0) -> list[int]:
+    """Rank 0, the last rank and a seeded random choice: ``samples`` ranks (all when that is the world)."""
+    if samples >= world:
+        return list(range(world))
+    chosen = {0, world - 1} | set(random.Random(seed).sample(range(1, world - 1), max(0, samples - 2)))
+    return sorted(chosen)
+
+
+@dataclass
+class RankSave:
+    rank: int
+    fragments: int
+    run_fragments: int  # what one fragment per contiguous run of the logical tensor would cost
+    bytes: int  # the rank's fragment entries, as manifest JSON
+    state_bytes: int
+    seconds: float
+    frags: dict = field(repr=False, default_factory=dict)
+    replicas: dict = field(repr=False, default_factory=dict)  # logical name -> ranks holding its pieces
+
+
+def _fragment_json_bytes(frags: dict) -> int:
+    return sum(len(json.dumps(f.to_dict(), separators=(",", ":"))) + 1 for fl in frags.values() for f in fl)
+
+
+def save_rank(prog, lay: Layout, rank: int, logical: dict) -> RankSave:
+    """One rank's save: its map (compiled from local shapes, as the writer's caller does) and fragments."""
+    local = {k: (lt.shape, lt.dtype) for k, lt in local_shapes(spec_for_load(prog, lay, rank, logical)).items()}
+    start = time.process_time()
+    fmap = spec_for_save(prog, lay, rank, local, shapes=logical)
+    frags = planned_fragments(fmap, rank=rank)
+    seconds = time.process_time() - start
+    # before ucl.flat made boxes, a flat buffer's share of a box was one piece per contiguous run
+    runs = sum(map(len, frags.values())) + sum(
+        contiguous_count(p.target, logical[p.logical].shape) - 1
+        for spec in fmap.tensors.values() for p in spec.pieces
+        if isinstance(p.local, FlatRange) and isinstance(p.target, Box))
+    # the rank's state tree refers to each local tensor once: {"key": {"$tensor": "key"}}
+    state = len(json.dumps({k: {"$tensor": k} for k in local}, separators=(",", ":")))
+    replicas = {p.logical: spec.replicas for spec in fmap.tensors.values() for p in spec.pieces}
+    return RankSave(rank, sum(map(len, frags.values())), runs, _fragment_json_bytes(frags), state, seconds, frags,
+                    replicas)
+
+
+def load_sources(source: Layout, target: Layout, rank: int) -> list[int]:
+    """The source ranks whose fragments a loading rank's plan is computed against.
+
+    Its pipeline stage's ranks at its own tp rank and at tp rank 0 (which saves the members a
+    flat buffer shares with other tp ranks): all of its stage when tp changes.
+    """
+    c = target.coords(rank)
+    same_tp = source.tp == target.tp
+    return [r for r in range(source.world_size)
+            if source.coords(r).pp == c.pp and (not same_tp or source.coords(r).tp in (c.tp, 0))]
+
+
+def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, saved: dict[int, RankSave],
+              progress=None, *, max_sources: int) -> dict:
+    """A reshard load of ``rank`` of ``target``: plan time, and the metadata it overlaps.
+
+    A tensor replicated over tp as well as dp (a norm) is written once, by a rank anywhere in the
+    stage; when that rank is not among :func:`load_sources` its piece is counted in
+    ``unplanned`` (one small copy each) instead of planned; any other gap is an error. With more
+    than ``max_sources`` source ranks to compute, only the rank's own map is compiled and timed.
+    """
+    peers = load_sources(source, target, rank)
+    if len(peers) > max_sources:
+        start = time.process_time()
+        spec_for_load(prog, target, rank, logical)
+        return {"rank": rank, "seconds": time.process_time() - start, "overlaps": False}
+    for r in peers:
+        if r not in saved:
+            saved[r] = save_rank(prog, source, r, logical)
+            if progress is not None:
+                progress()
+    by_tensor: dict[str, list] = {}
+    for r in peers:
+        for name, fl in saved[r].frags.items():
+            by_tensor.setdefault(name, []).extend(fl)
+    start = time.process_time()
+    fmap = spec_for_load(prog, target, rank, logical)
+    ops, touched, unplanned = 0, set(), 0
+    beyond_dp = source.dp * source.cp  # a piece held by more ranks is replicated over tp too
+    for spec in fmap.tensors.values():
+        for piece in spec.pieces:
+            if isinstance(piece.target, Box) and piece.target.ndim == 0:
+                continue  # a scalar every rank holds (the step): one fragment, written by any stage
+            frags = by_tensor.get(piece.logical, [])
+            found = plan_overlaps([f.region for f in frags], piece.target, logical[piece.logical].shape)
+            if not found and saved[peers[0]].replicas.get(piece.logical, 1) > beyond_dp:
+                unplanned += 1
+                continue
+            if sum(op.overlap.numel for op in found) != piece.target.numel:
+                raise SystemExit(f"rank {rank} of {target}: the source ranks of its pipeline stage do not cover "
+                                 f"{piece.logical} {piece.target}: a reshard that changes pp is not simulated")
+            ops += len(found)
+            touched |= {frags[op.source].rank for op in found}
+    seconds = time.process_time() - start
+    shard_bytes = sum(saved[r].bytes + saved[r].state_bytes for r in touched)
+    return {"rank": rank, "seconds": seconds, "copy_ops": ops, "source_ranks": len(touched),
+            "shard_bytes": shard_bytes, "unplanned": unplanned, "overlaps": True}
+
+
+def run_scenario(scenario: Scenario, zero: int, *, samples: int, load_samples: int, max_sources: int = 256,
+                 progress=None) -> dict:
+    prog = ucl.load_program("megatron-gpt", **scenario.params)
+    source = Layout.parse(f"{scenario.save},zero={zero}")
+    target = Layout.parse(f"{scenario.load},zero={zero}")
+    logical = with_dtypes(declared_logical(prog, source))
+    ranks = sample_ranks(source.world_size, samples)
+    saved: dict[int, RankSave] = {}
+    for r in ranks:
+        saved[r] = save_rank(prog, source, r, logical)
+        if progress is not None:
+            progress()
+    load_ranks = [target.world_size - 1] if load_samples == 1 else sample_ranks(target.world_size, load_samples, seed=1)
+    loads = [load_rank(prog, source, target, r, logical, saved, progress, max_sources=max_sources)
+             for r in load_ranks] if load_samples else []
+    planned = [ld for ld in loads if ld["overlaps"]]
+    sampled = [saved[r] for r in ranks]
+    scale = source.world_size / len(sampled)
+    header = len(json.dumps({n: {"dtype": t.dtype, "shape": list(t.shape), "fragments": []}
+                             for n, t in logical.items()}, separators=(",", ":")))
+    # dp replicas save identical trees: one tree per distinct rank of the other dimensions
+    trees = source.world_size // source.dp
+    state = int(sum(s.state_bytes for s in sampled) / len(sampled) * trees + (source.world_size - trees) * 24)
+    manifest = header + int(sum(s.bytes for s in sampled) * scale) + state
+    root = header + source.world_size * 40  # a sharded root: the logical index and one shard reference per rank
+    return {
+        "scenario": scenario.name, "layout": str(source), "load_layout": str(target), "world": source.world_size,
+        "sampled_ranks": len(sampled), "exact": len(sampled) == source.world_size,
+        "logical_tensors": len(logical),
+        "fragments_total": int(sum(s.fragments for s in sampled) * scale),
+        "fragments_per_rank_max": max(s.fragments for s in sampled),
+        "fragments_per_rank_mean": round(sum(s.fragments for s in sampled) / len(sampled), 1),
+        "run_fragments_per_rank_max": max(s.run_fragments for s in sampled),
+        "manifest_bytes": manifest,
+        "save_plan_s_max": round(max(s.seconds for s in sampled), 3),
+        "load_plan_s_max": round(max(ld["seconds"] for ld in loads), 3) if loads else None,
+        "load_ranks": len(loads),
+        "load_overlaps_planned": bool(planned),  # False: the loading rank's compile only (too many sources)
+        "load_source_ranks_max": max((ld["source_ranks"] for ld in planned), default=None),
+        "load_copy_ops_max": max((ld["copy_ops"] for ld in planned), default=None),
+        "load_unplanned_pieces_max": max((ld["unplanned"] for ld in planned), default=None),
+        "sharded_read_bytes_max": root + max(ld["shard_bytes"] for ld in planned) if planned else None,
+    }
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+
+
+def _cells(r: dict) -> list[str]:
+    load = "-" if r["load_plan_s_max"] is None else f"{r['load_plan_s_max']:.2f}"
+    load += "" if r["load_overlaps_planned"] or r["load_plan_s_max"] is None else " (compile)"
+    sharded = "-" if r["sharded_read_bytes_max"] is None else _mb(r["sharded_read_bytes_max"])
+    return [r["scenario"], r["layout"], f"{r['world']:,} ({r['sampled_ranks']})", f"{r['fragments_total']:,}",
+            f"{r['fragments_per_rank_max']:,}", f"{r['run_fragments_per_rank_max']:,}", _mb(r["manifest_bytes"]),
+            sharded, f"{r['save_plan_s_max']:.2f}", r["load_layout"], load]
+
+
+COLUMNS = ["scenario", "layout", "ranks (sampled)", "fragments", "per rank (max)", "per rank, one per run",
+           "manifest (read by every loading rank)", "read per loading rank if sharded per rank", "save plan s",
+           "reshard load to", "load plan s"]
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table as GitHub markdown (docs/BENCHMARKS.md)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows])
+
+
+def table(rows: list[dict]) -> Table:
+    out = Table(title="ucp metadata at scale (megatron-gpt preset; sampled ranks, totals extrapolated)")
+    for col in COLUMNS:
+        out.add_column(col, justify="left" if col in ("scenario", "layout", "reshard load to") else "right")
+    for r in rows:
+        out.add_row(*_cells(r))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
+    parser.add_argument("--zero", default="zero=0,zero=1", help="zero=0 (no distributed optimizer), zero=1, or both")
+    parser.add_argument("--samples", type=int, default=8, help="source ranks sampled per scenario (default 8)")
+    parser.add_argument("--load-samples", type=int, default=1,
+                        help="loading ranks planned per scenario (default 1: the last rank; 0: no load)")
+    parser.add_argument("--max-load-sources", type=int, default=256,
+                        help="plan a loading rank's overlaps only when at most this many source ranks must be "
+                             "computed for it (default 256); otherwise time its compile alone")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    names = [n for n in args.scenarios.split(",") if n]
+    zeros = [z for z in args.zero.split(",") if z]
+    bad = [n for n in names if n not in SCENARIOS] + [z for z in zeros if z not in ZERO]
+    if bad or args.samples < 1 or args.load_samples < 0:
+        print(f"scale_sim: unknown scenario or zero {bad}; expected {list(SCENARIOS)} and {list(ZERO)}, "
+              "--samples >= 1 and --load-samples >= 0", file=sys.stderr)
+        return 2
+    rows = []
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True, disable=args.json or args.markdown) as bar:
+        for name in names:
+            for z in zeros:
+                task = bar.add_task(f"{name} {z}", total=None)
+                rows.append(run_scenario(SCENARIOS[name], ZERO[z], samples=args.samples,
+                                         load_samples=args.load_samples, max_sources=args.max_load_sources,
+                                         progress=lambda: bar.advance(task)))
+                bar.remove_task(task)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif args.markdown:
+        print(markdown(rows))
+    else:
+        Console().print(table(rows))
+        print("Ranks are sampled: totals are the sampled ranks' mean times the world size; per-rank maxima and save "
+              "plan times are over the sampled ranks, load plan times over the loading ranks planned.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
