@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ucp
+import ucp.write_units
 from replication.errors import ReplicaLostError, ReplicaWarning
 from replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
 from replication.replica_tiers import DiskTier, MemoryTier
@@ -47,7 +48,7 @@ from ucp.sharding import split_fragment_map
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 
 WORLD = 4
-BIG = 256 * 1024 + 5  # float32: ~1 MiB, above ucp.spec.SPREAD_MIN_BYTES, so its replicas split the writes
+BIG = 256 * 1024 + 5  # float32: ~1 MiB; with SPREAD_MIN_BYTES lowered in the workers its 4 replicas split the writes
 LOST = (1, 3)
 TIMEOUT = 90
 
@@ -84,6 +85,9 @@ def _manager(root: str, rank: int, tier) -> CheckpointManager:
 
 
 def _init(rank: int, port: int) -> None:
+    # Parts of at least 64 KiB instead of 4 MiB, so a 1 MiB replicated tensor is written by all four
+    # ranks (each owns an array of it) while the test stays small.
+    ucp.write_units.SPREAD_MIN_BYTES = 64 << 10
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=TIMEOUT))
 
