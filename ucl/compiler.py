@@ -14,11 +14,12 @@ The first rule (in program order) whose pattern matches a key and whose
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
 
-from ucl.env import Context, group_size_rank, unmet_requirements
+from ucl.env import Context, unmet_requirements
 from ucl.errors import DeclaredShapeError, UclError
 from ucl.flat import compose, flat_layout
 from ucl.geometry_rules import check_declared, declared_shapes, local_geometry, logical_shapes
@@ -57,7 +58,7 @@ class _Instance:
 def _flat_spec(rule: FlatRule, ctx: Context, captures: dict, key: str, members: dict[str, _Instance],
                dtype_of, shapes_by_name: dict):
     env = ctx.env(captures)
-    parts, index = group_size_rank(ctx.layout, ctx.coords, rule.partition_groups)
+    parts, index = ctx.cut(rule.partition_groups)
     pad = rule.pad_multiple.eval_int(env, ctx.functions()) if rule.pad_multiple is not None else 1
     align = rule.align.eval_int(env, ctx.functions()) if rule.align is not None else 1
     order = member_order(rule, members, ctx.params)
@@ -244,7 +245,7 @@ def _int_candidates(logical: dict) -> int:
 
 def _load_instances(ctx: Context, rules: list, logical: dict, claimed: set) -> list[_Instance]:
     out = []
-    fallback = _int_candidates(logical)
+    fallback = functools.cache(lambda: _int_candidates(logical))  # a scan of every name: only where a capture is unbounded
     for rule in rules:
         caps = rule.local.captures
         text_caps = [c.name for c in caps if c.kind == "text"]

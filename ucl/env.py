@@ -35,12 +35,11 @@ def layout_vars(layout: Layout, coords: RankCoords) -> dict[str, int]:
     return out
 
 
-def group_size_rank(layout: Layout, coords: RankCoords, groups: tuple[str, ...]) -> tuple[int, int]:
+def _cut(variables: dict[str, int], groups: tuple[str, ...]) -> tuple[int, int]:
     """Parts and this rank's index when a dimension is cut over ``groups`` (first group major)."""
     parts, index = 1, 0
-    env = layout_vars(layout, coords)
     for g in groups:
-        size, rank = env[f"{g}.size"], env[f"{g}.rank"]
+        size, rank = variables[f"{g}.size"], variables[f"{g}.rank"]
         parts, index = parts * size, index * size + rank
     return parts, index
 
@@ -70,35 +69,31 @@ def _scalar(program: str, name: str, value):
                    "integer, a word or a list of those")
 
 
-class Env(Mapping):
-    """Captures over a base of layout variables and parameters; ``let`` names computed on first use."""
+class Env(dict):
+    """Captures over a base of layout variables and parameters; ``let`` names computed on first use.
+
+    A dict of the values known so far (expressions read it by subscription, one dict access per
+    name); a ``let`` is evaluated the first time it is read and kept.
+    """
 
     def __init__(self, base: dict, lets: dict[str, Expr], functions: dict):
-        self._values = dict(base)
+        super().__init__(base)
         self._lets = lets
         self._functions = functions
         self._busy: set[str] = set()
 
-    def __getitem__(self, name: str):
-        if name in self._values:
-            return self._values[name]
-        if name in self._lets:
-            if name in self._busy:
-                raise UclError(f"let {name} refers to itself")
-            self._busy.add(name)
-            try:
-                value = self._lets[name].eval(self, self._functions)
-            finally:
-                self._busy.discard(name)
-            self._values[name] = value
-            return value
-        raise KeyError(name)
-
-    def __iter__(self):
-        return iter({**self._lets, **self._values})
-
-    def __len__(self) -> int:
-        return len(set(self._values) | set(self._lets))
+    def __missing__(self, name: str):
+        if name not in self._lets:
+            raise KeyError(name)
+        if name in self._busy:
+            raise UclError(f"let {name} refers to itself")
+        self._busy.add(name)
+        try:
+            value = self._lets[name].eval(self, self._functions)
+        finally:
+            self._busy.discard(name)
+        self[name] = value
+        return value
 
 
 @dataclass(frozen=True)
@@ -142,17 +137,38 @@ class Context:
         own = self.coords
         rank = self.layout.rank_of(tp=coords.get("tp", own.tp), cp=coords.get("cp", own.cp),
                                    dp=coords.get("dp", own.dp), pp=coords.get("pp", own.pp))
-        return Context(self.program, self.layout, self.layout.coords(rank), self.params)
+        other = Context(self.program, self.layout, self.layout.coords(rank), self.params)
+        if "_stages" in self.__dict__:  # a property of the layout and parameters, not of the rank: share it
+            other.__dict__["_stages"] = self.__dict__["_stages"]
+        return other
 
     @property
     def rank(self) -> int:
         return self.coords.rank
 
     def functions(self) -> dict:
+        """The builtins that depend on the layout (one dict per context: expressions read it, never write it)."""
+        return self._functions
+
+    @cached_property
+    def _functions(self) -> dict:
         return {"stage_start": self._stage_start, "stage_layers": self._stage_layers}
 
+    @cached_property
+    def variables(self) -> dict[str, int]:
+        """The layout variables of this rank (``tp.rank``, ``pp.size``, ...): :func:`layout_vars`, once per context."""
+        return layout_vars(self.layout, self.coords)
+
+    def cut(self, groups: tuple[str, ...]) -> tuple[int, int]:
+        """(parts, this rank's index) when a dimension is cut over ``groups`` (first group major)."""
+        return _cut(self.variables, groups)
+
+    @cached_property
+    def _base(self) -> dict:
+        return {**self.variables, **self.params}
+
     def env(self, captures: Mapping | None = None) -> Env:
-        base = {**layout_vars(self.layout, self.coords), **self.params, **(captures or {})}
+        base = {**self._base, **captures} if captures else self._base
         return Env(base, self.program.lets, self.functions())
 
     @cached_property

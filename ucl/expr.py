@@ -71,12 +71,11 @@ class Expr:
             object.__setattr__(self, "code", _compile(self.tree))
 
     def eval(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None):
-        code = self.code
         scope = {"__builtins__": {}, "ceil_div": _ceil_div, "min": min, "max": max, "len": len,
-                 _ARITH: _arith, **(functions or {})}
+                 _ARITH: _arith, **(functions or {}), _ENV: env}
         try:
             # The tree was whitelisted by parse_expr, so compiling it runs only index arithmetic.
-            return eval(code, scope, _Names(env))  # noqa: S307
+            return eval(self.code, scope)  # noqa: S307
         except ZeroDivisionError:
             raise UclError(f"{self.where[0]}:{self.where[1]}: division by zero in {self.text!r}") from None
         except _Problem as err:
@@ -84,10 +83,10 @@ class Expr:
         except TypeError as err:  # a comparison or builtin given a word or list where it needs an integer
             raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} cannot be evaluated ({err}): "
                            "a parameter has a value of the wrong kind") from None
-        except NameError as err:
-            missing = getattr(err, "name", None) or str(err)
+        except KeyError as err:  # a name the environment has no value for (the code reads names as env[name])
+            missing = str(err.args[0]) if err.args else "?"
             raise UnboundNameError(
-                f"{self.where[0]}:{self.where[1]}: {missing.replace(_DOT, '.')!r} has no value in {self.text!r} "
+                f"{self.where[0]}:{self.where[1]}: {missing!r} has no value in {self.text!r} "
                 "(give the program parameter a value: ucl.load_program(..., NAME=VALUE), or "
                 "--param NAME=VALUE to ucp ucl check)"
             ) from None
@@ -103,7 +102,7 @@ class Expr:
         return self.text
 
 
-_DOT = "__dot__"
+_ENV = "__ucl_env__"
 _ARITH = "__ucl_arith__"
 
 
@@ -127,22 +126,6 @@ def _arith(symbol: str, a, b) -> int:
 
 
 
-class _Names(Mapping):
-    """The local namespace of a compiled expression: ``pp__dot__rank`` reads ``env["pp.rank"]``."""
-
-    def __init__(self, env: Mapping[str, object]):
-        self._env = env
-
-    def __getitem__(self, name: str):
-        return self._env[name.replace(_DOT, ".")]
-
-    def __iter__(self):
-        return iter(self._env)
-
-    def __len__(self) -> int:
-        return len(self._env)
-
-
 def _depth(node: ast.AST) -> int:
     """Nesting depth of an expression tree, without recursing (a long chain of ``+`` is deep)."""
     deepest, todo = 0, [(node, 1)]
@@ -159,10 +142,27 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class _Undot(ast.NodeTransformer):
-    """``pp.rank`` -> a plain name; ``a op b`` and ``-a`` -> calls of the bounded :func:`_arith`."""
+    """``pp.rank`` -> ``__ucl_env__["pp.rank"]``; ``a op b`` and ``-a`` -> calls of the bounded :func:`_arith`.
+
+    Reading names by subscription makes a lookup one dict access (an :class:`ucl.env.Env` is a
+    dict that computes ``let`` names on first use); builtins and the arithmetic helper stay
+    plain names of the evaluation's globals.
+    """
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        return ast.copy_location(ast.Name(id=_dotted(node).replace(".", _DOT), ctx=ast.Load()), node)
+        return self._read(node, _dotted(node))
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return self._read(node, node.id)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        node.args = [self.visit(a) for a in node.args]  # the callee keeps its plain name
+        return node
+
+    @staticmethod
+    def _read(node: ast.AST, name: str) -> ast.AST:
+        read = ast.Subscript(ast.Name(_ENV, ast.Load()), ast.Constant(name), ast.Load())
+        return ast.copy_location(read, node)
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         self.generic_visit(node)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ucl.env import Context, Env, group_size_rank
+from ucl.env import Context, Env
 from ucl.errors import DeclaredShapeError, UclError
 from ucl.expr import ceil_to
 from ucl.program import TensorRule
@@ -26,11 +26,7 @@ Shape = tuple[int, ...]
 
 
 def _dim_cut(rule: TensorRule, ctx: Context, dim: int) -> tuple[int, int]:
-    groups: tuple[str, ...] = ()
-    for s in rule.splits:
-        if s.dim == dim:
-            groups += s.groups
-    return group_size_rank(ctx.layout, ctx.coords, groups)
+    return ctx.cut(tuple(g for s in rule.splits if s.dim == dim for g in s.groups))
 
 
 def _pad(rule: TensorRule, env: Env, ctx: Context, dim: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import Callable
 
 from ucl.env import Context
 from ucl.errors import UclError, UnboundNameError
@@ -67,8 +68,11 @@ def member_order(rule: FlatRule, members: dict, params: dict) -> list[str]:
 MAX_ASSIGNMENTS = 1 << 18
 
 
-def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: int):
+def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: int | Callable[[], int]):
     """Every assignment of the rule's int and list captures (text captures fixed), with the omit set.
+
+    ``fallback`` bounds an int capture without a usable ``where`` bound: a number, or a function
+    that computes it (called only where such a capture is met).
 
     Raises UclError, naming the rule, when the captures would take more than :data:`MAX_ASSIGNMENTS`
     values: at once where the ranges are known up front, else as soon as the walk passes the budget.
@@ -84,16 +88,23 @@ def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: 
         )
 
     def options_of(cap, values: dict):
-        """(the values ``cap`` takes, whether its bound was read) given the captures bound so far."""
+        """(the values ``cap`` takes, whether its bound was read) given the captures bound so far.
+
+        Where the bound reads a capture not bound yet the values are None: the fallback range,
+        computed by :func:`unbounded` only if the walk gets there with the bound still unread.
+        """
         if cap.kind == "list":
             return list(ctx.params.get(cap.list_param, ()) or ()), True
         if cap.name not in bounds:
-            return range(max(fallback, 0)), True
+            return unbounded(), True
         expr, inclusive = bounds[cap.name]
         try:
             return range(max(expr.eval_int(ctx.env(values), ctx.functions()) + (1 if inclusive else 0), 0)), True
         except UnboundNameError:  # reads a capture bound later: try the fallback range
-            return range(max(fallback, 0)), False
+            return None, False
+
+    def unbounded() -> range:
+        return range(max(fallback() if callable(fallback) else fallback, 0))
 
     estimate = 1  # the product of the ranges that read no other capture: refused before any walk
     for cap in names:
@@ -108,6 +119,7 @@ def enumerate_captures(rule, ctx: Context, caps, bounds, fixed: dict, fallback: 
             return
         cap = names[i]
         options, _ = options_of(cap, values)
+        options = unbounded() if options is None else options
         if cap.kind == "optint" and cap.name in bounds and len(options) == 1:
             omit = omit | {cap.name}
         budget[0] -= len(options)

@@ -13,7 +13,7 @@ from ucl.env import GROUP_DIM, Context
 from ucl.errors import UclError
 from ucl.geometry_rules import local_geometry
 from ucl.matching import bounds_of, enumerate_captures, member_order, where_ok
-from ucl.names import let_closure, rule_exprs
+from ucl.names import LAYOUT_NAMES, let_closure, rule_exprs
 from ucl.program import FlatRule, Program, TensorRule
 
 
@@ -25,6 +25,21 @@ def _rule_names(program: Program, rule) -> set[str]:
     for t in getattr(rule, "targets", ()):
         names |= t.names
     return let_closure(frozenset(names), program.lets)
+
+
+def _rank_names(rules: list, program: Program) -> tuple[str, ...]:
+    """The rank variables (``ep.rank``, ...) that decide what these rules hold on a rank.
+
+    Everything else a rule's pieces depend on (sizes, parameters, captures, the stage
+    functions) is the same on every rank of the layout, so two ranks that agree on these
+    hold the same pieces.
+    """
+    names: set[str] = set()
+    for rule in rules:
+        names |= {n for n in _rule_names(program, rule) if n in LAYOUT_NAMES and n.endswith(".rank")}
+        groups = [g for s in getattr(rule, "splits", ()) for g in s.groups] + list(getattr(rule, "partition_groups", ()))
+        names |= {f"{g}.rank" for g in groups}
+    return tuple(sorted(names))
 
 
 def _dims(rule, program: Program) -> tuple[set, set]:
@@ -44,7 +59,9 @@ def holders(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces, di
 
     A dim the rule splits over holds other pieces on every other rank; a dim whose rank it never
     reads holds the same pieces everywhere; only the others are evaluated, once per compile for
-    each local tensor (``cache``: the same members recur in the flat buffer of every state).
+    each local tensor (``cache``: the same members recur in the flat buffer of every state), and
+    once per distinct value of the rank variables the rule reads: the dp ranks of an expert
+    weight differ in ``ep.rank`` only every ``ep`` ranks.
     """
     size, mine = getattr(ctx.layout, dim), getattr(ctx.coords, dim)
     if ("dims", id(rule)) not in cache:
@@ -57,12 +74,28 @@ def holders(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces, di
     key = (id(rule), tuple(sorted(captures.items())), dim)
     if key not in cache:
         if ("peers", id(rule)) not in cache:
-            cache[("peers", id(rule))] = _peers(ctx.program, rule)
-        peers = cache[("peers", id(rule))]
+            peers = _peers(ctx.program, rule)
+            cache[("peers", id(rule))] = peers, _rank_names([rule, *peers], ctx.program)
+        peers, reads = cache[("peers", id(rule))]
         own = {(p.logical, str(p.target)) for p in pieces}
-        cache[key] = [v for v in range(size) if v == mine or _holds(rule, ctx.at(**{dim: v}), captures,
-                                                                     shapes_by_name, own, peers)]
+        found = {mine}
+        for ranks in _by_rank_values(ctx, dim, reads, cache).values():
+            other = next(((v, o) for v, o in ranks if v != mine), None)
+            if other is not None and _holds(rule, other[1], captures, shapes_by_name, own, peers):
+                found.update(v for v, _ in ranks)
+        cache[key] = sorted(found)
     return cache[key]
+
+
+def _by_rank_values(ctx: Context, dim: str, reads: tuple[str, ...], cache: dict) -> dict:
+    """The ranks along ``dim`` (coordinate and context), grouped by the values they give the variables ``reads``."""
+    if ("groups", dim, reads) not in cache:
+        groups: dict[tuple, list] = {}
+        for v in range(getattr(ctx.layout, dim)):
+            other = ctx.at(**{dim: v})
+            groups.setdefault(tuple(other.variables[n] for n in reads), []).append((v, other))
+        cache[("groups", dim, reads)] = groups
+    return cache[("groups", dim, reads)]
 
 
 def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list,
@@ -88,30 +121,33 @@ def _peers(program: Program, rule) -> list:
             and texts & {t.text for t in r.targets}]
 
 
-def _pieces_of(rule, ctx: Context, captures: dict, shapes_by_name: dict):
+def _same_pieces(rule, ctx: Context, captures: dict, shapes_by_name: dict, own: set) -> bool:
+    """Whether this rule instance holds exactly the pieces ``own`` on rank ``ctx`` (False where it fails)."""
     env = ctx.env(captures)
     try:
         if not where_ok(rule, ctx, env):
-            return None
+            return False
         names = [t.format(env, ctx.functions()) for t in rule.targets]
         if any(n not in shapes_by_name for n in names):
-            return None
+            return False
+        if any(logical not in names for logical, _ in own):
+            return False  # every piece is of one of the names: no need for the geometry
         _, pieces = local_geometry(rule, ctx, env, names, [shapes_by_name[n] for n in names])
     except UclError:
-        return None
-    return {(p.logical, str(p.target)) for p in pieces}
+        return False
+    return {(p.logical, str(p.target)) for p in pieces} == own
 
 
 def _holds(rule, other: Context, captures: dict, shapes_by_name: dict, own: set, peers: list) -> bool:
     """Whether rank ``other`` holds exactly the pieces ``own``, under this rule or a tied peer (``peers``)."""
     if isinstance(rule, FlatRule):
         return False  # partitions are never identical across the partition group
-    if _pieces_of(rule, other, captures, shapes_by_name) == own:
+    if _same_pieces(rule, other, captures, shapes_by_name, own):
         return True
     for peer in peers:
         bounds = bounds_of(peer)
         for values, _ in enumerate_captures(peer, other, peer.local.captures, bounds, {}, 1):
-            if _pieces_of(peer, other, values, shapes_by_name) == own:
+            if _same_pieces(peer, other, values, shapes_by_name, own):
                 return True
     return False
 

@@ -60,6 +60,34 @@ def _storage(region, full):
     return full[region.slices()].copy() if isinstance(region, Box) else full.reshape(-1)[region.start : region.stop].copy()
 
 
+@st.composite
+def box_pairs(draw):
+    """Two boxes of one small shape (0-d included), empty ones (a size 0) included."""
+    shape = draw(st.lists(st.integers(1, 5), max_size=3).map(tuple))
+    boxes = []
+    for _ in range(2):
+        offsets = tuple(draw(st.integers(0, s)) for s in shape)
+        boxes.append(Box(offsets, tuple(draw(st.integers(0, s - o)) for s, o in zip(shape, offsets))))
+    return shape, boxes
+
+
+def _elements(box: Box) -> set:
+    return {tuple(o + i for o, i in zip(box.offsets, idx)) for idx in np.ndindex(*box.sizes)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(box_pairs())
+def test_box_intersect_is_the_common_elements(case):
+    _, (a, b) = case
+    common = _elements(a) & _elements(b)
+    got = a.intersect(b)
+    assert got == b.intersect(a)
+    if not common:
+        assert got is None
+    else:
+        assert _elements(got) == common
+
+
 @settings(max_examples=150, deadline=None)
 @given(shape_tiling_target())
 def test_plan_overlaps_reconstructs_any_region_from_any_tiling(case):
