@@ -141,7 +141,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class _Undot(ast.NodeTransformer):
+class _Rewrite(ast.NodeTransformer):
     """``pp.rank`` -> ``__ucl_env__["pp.rank"]``; ``a op b`` and ``-a`` -> calls of the bounded :func:`_arith`.
 
     Reading names by subscription makes a lookup one dict access (an :class:`ucl.env.Env` is a
@@ -179,8 +179,8 @@ class _Undot(ast.NodeTransformer):
 
 
 def _compile(tree: ast.expression):
-    undotted = _Undot().visit(ast.parse(ast.unparse(tree), mode="eval"))
-    return compile(ast.fix_missing_locations(undotted), "<ucl>", "eval")
+    rewritten = _Rewrite().visit(ast.parse(ast.unparse(tree), mode="eval"))
+    return compile(ast.fix_missing_locations(rewritten), "<ucl>", "eval")
 
 
 def _dotted(node: ast.AST) -> str | None:
