@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from ucp.parts import new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.stores import StoreOptions
 
+GOLDEN = Path(__file__).resolve().parent / "golden"
 WORLD = 5
 SHARDED = StoreOptions(metadata_shard_min_ranks=1)
 W = torch.arange(50 * 4, dtype=torch.float32).reshape(50, 4)  # row-split over the 5 ranks
@@ -141,6 +143,19 @@ def test_five_ranks_write_two_shards_and_a_root(saved):
         assert not (saved / name).exists()
     assert sorted(os.listdir(saved)) == ["good"]  # no staging left behind
     assert ucp.verify(saved / "good").ok
+
+
+@needs_processes
+def test_root_and_shard_match_golden(saved):
+    """Pin format 2 on disk (regenerate with UCP_REGEN_GOLDEN=1 after an intended change)."""
+    root = json.loads((saved / "good" / "manifest.json").read_text())
+    assert root.pop("created").endswith("+00:00")  # the only volatile field
+    shard = json.loads((saved / "good" / root["shards"][1]["key"]).read_text())
+    for name, actual in (("sharded-root.json", root), ("sharded-shard-1.json", shard)):
+        path = GOLDEN / name
+        if os.environ.get("UCP_REGEN_GOLDEN"):
+            path.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+        assert actual == json.loads(path.read_text()), name
 
 
 def _damaged(saved, tmp_path, edit) -> str:

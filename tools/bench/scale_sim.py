@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import random
 import sys
 import time
@@ -53,7 +54,7 @@ from ucl.flat import contiguous_count
 from ucp.fragment_plan import planned_fragments
 from ucp.geometry import Box, FlatRange, plan_overlaps
 from ucp.layout import Layout
-from ucp.metadata_shards import GroupPlan
+from ucp.metadata_shards import GroupPlan, GroupSummary
 from ucp.spec import SPREAD_MIN_BYTES, LogicalTensor
 
 LLAMA_70B = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, heads=64, kv_heads=8, vocab_size=128256)
@@ -236,9 +237,37 @@ def sharded_sizes(holders: dict[str, list[int]], logical: dict, source: Layout, 
                            for n, t in logical.items()}, separators=(",", ":"))) + plan.count * ref + 300
     shard = int(plan.size * sum(s.bytes + s.state_bytes for s in sampled) / len(sampled))
     reads = [len({g for n in names for g in holders.get(n, ())}) for names in loading]
+    summary = summary_bytes(holders, logical, source, sampled)
     return {"groups": plan.count, "group_ranks": plan.size, "root_bytes": root, "shard_bytes_mean": shard,
             "shards_read_max": max(reads, default=None),
-            "read_bytes_max": root + max(reads) * shard if reads else None}
+            "read_bytes_max": root + max(reads) * shard if reads else None,
+            "summary_bytes_max": summary, "rank0_receives_bytes": summary * (plan.count - 1),
+            "messages_per_rank_max": max(plan.size, plan.count) - 1}
+
+
+def summary_bytes(holders: dict[str, list[int]], logical: dict, source: Layout, sampled: list) -> int:
+    """The largest group summary a leader sends rank 0 (pickled, as the save sends it), estimated.
+
+    It holds, per tensor with fragments in the group, its dtype, shape, element count and
+    coverage weight, and one digest per distinct replicated piece (``check-equal``): as many as
+    the sampled ranks' replicated pieces times the tensor-parallel ranks a group spans.
+    """
+    plan = GroupPlan(source.world_size)
+    per_group: dict[int, list[str]] = {}
+    for name, groups in holders.items():
+        for g in groups:
+            per_group.setdefault(g, []).append(name)
+    names = max(per_group.values(), key=len)
+    replicated = max(sum(1 for n in s.replicas if s.replicas[n] > 1) for s in sampled)
+    example = max(names, key=len)
+    out = GroupSummary(0)
+    for name in names:
+        t = logical[name]
+        out.logical[name] = (t.dtype, tuple(t.shape), 0)
+        out.cover[name] = (math.prod(t.shape), (1 << 61) - 2)
+    for i in range(replicated * min(source.tp, plan.size)):
+        out.replicas[(f"{example}#{i}", "[0:16384, 0:16384]")] = ("0123456789abcdef", source.world_size - 1)
+    return len(pickle.dumps(out))
 
 
 def run_scenario(scenario: Scenario, zero: int, *, samples: int, load_samples: int, max_sources: int = 256,
@@ -301,12 +330,13 @@ def _cells(r: dict) -> list[str]:
     return [r["scenario"], r["layout"], f"{r['world']:,} ({r['sampled_ranks']})", f"{r['fragments_total']:,}",
             f"{r['fragments_per_rank_max']:,}", f"{r['run_fragments_per_rank_max']:,}", _mb(r["manifest_bytes"]),
             f"{v2['groups']} x {v2['group_ranks']}", _mb(v2["root_bytes"]), _mb(v2["shard_bytes_mean"]), read,
+            _mb(v2["rank0_receives_bytes"]),
             f"{r['save_plan_s_max']:.2f}", r["load_layout"], load]
 
 
 COLUMNS = ["scenario", "layout", "ranks (sampled)", "fragments", "per rank (max)", "per rank, one per run",
            "format 1 manifest (read by every loading rank)", "format 2 groups x ranks", "root", "shard (mean)",
-           "format 2 read per loading rank (shards)", "save plan s", "reshard load to", "load plan s"]
+           "format 2 read per loading rank (shards)", "rank 0 receives (summaries)", "save plan s", "reshard load to", "load plan s"]
 
 
 def markdown(rows: list[dict]) -> str:
