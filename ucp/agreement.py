@@ -9,12 +9,12 @@ messages.
 What it costs at ``W`` ranks: one ``all_reduce(MIN)`` of a 2-element int64 tensor (the lowest
 rank with a problem, the lowest rank with a fatal one), then, only when some rank failed, one
 ``broadcast_object_list`` of that rank's message from that rank (two when the first fatal rank
-is another rank). A success costs the one all-reduce and nothing else. Each rank sends and
-receives a few dozen bytes per step of these collectives, whatever ``W``; how many steps is the
-backend's choice (NCCL reduces small tensors along a tree, ``log W`` steps). The
+is another rank). A success costs the one all-reduce and nothing else. What a rank receives is
+constant in ``W``: 16 bytes reduced, and at most two error lines. How the backend routes them
+(ring or tree, so ``W`` or ``log W`` latency steps) is its choice, as it was before. The
 ``all_gather_object`` this replaces delivered ``W`` pickled objects to every rank: at 16,384
-ranks about 100 KB and 16,384 unpicklings per rank, and ``W x W`` objects moved in all, on
-every call, failure or not.
+ranks about 100 KB and 16,384 unpicklings per rank, ``W x W`` objects moved in all, on every
+call, failure or not.
 
 Groups may be subgroups: ranks here are group ranks, and each broadcast's source is mapped to
 its global rank (``torch.distributed.get_global_rank``). A group whose backend is NCCL reduces
@@ -23,7 +23,7 @@ a CUDA tensor on the current device (NCCL has no CPU tensors); every other backe
 Example (every rank of an initialized process group calls it at the same point)::
 
     failure = first_failure(None if ok else "OSError: disk full", group=group)
-    if failure is not None and not mine_failed:
+    if failure is not None and ok:  # a failing rank raises its own error
         raise UcpError(f"save failed on rank {failure.rank}: {failure.message}")
 """
 
