@@ -46,7 +46,8 @@ from ucp.write_units import average_replicas, local_region, write_units
 @dataclass(frozen=True)
 class SaveResult:
     """What a save did, on this rank; ``manifest`` once the checkpoint is committed, on the rank that
-    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment)."""
+    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment;
+    None with sharded metadata, where no rank holds them - open the checkpoint to read it)."""
 
     path: str
     rank: int
