@@ -8,7 +8,8 @@ same processes; T processes of another layout then load it with each system, one
 other, and check that every tensor each system gave them is bitwise the expected one (so
 both gave identical tensors; a digest comparison across the systems says the same).
 
-Per system it reports fragments (ucp: the manifest's; DCP: the chunks in its ``.metadata``),
+Per system it reports fragments (ucp: the manifest's; DCP: the chunks in its ``.metadata``; and
+how many of them hold optimizer states),
 metadata bytes (ucp: ``manifest.json`` plus any ``meta/`` files; DCP: ``.metadata``), save and
 load time (slowest rank; loads: median over repeats), and peak RSS per rank in each phase
 (sampled every 5 ms with psutil, since both systems run in the same process).
@@ -189,11 +190,14 @@ def metadata_summary(ucp_dir: str, dcp_dir: str) -> dict:
     ucp_meta = os.path.getsize(os.path.join(ucp_dir, "manifest.json")) + (
         _dir_bytes(meta_dir) if os.path.isdir(meta_dir) else 0)
     metadata = FileSystemReader(dcp_dir).read_metadata()
-    chunks = sum(len(m.chunks) for m in metadata.state_dict_metadata.values() if isinstance(m, TensorStorageMetadata))
+    chunks = {k: len(m.chunks) for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+    optimizer = tuple(f"/{s}" for s in STATES)
     return {
         "ucp": {"fragments": sum(t.fragments for t in summary.tensors), "tensors": len(summary.tensors),
+                "optimizer_fragments": sum(t.fragments for t in summary.tensors if t.name.endswith(optimizer)),
                 "metadata_bytes": ucp_meta, "disk_bytes": _dir_bytes(ucp_dir)},
-        "dcp": {"fragments": chunks, "storage_entries": len(metadata.storage_data),
+        "dcp": {"fragments": sum(chunks.values()), "storage_entries": len(metadata.storage_data),
+                "optimizer_fragments": sum(n for k, n in chunks.items() if k.startswith("optimizer.")),
                 "tensors": len(metadata.state_dict_metadata),
                 "metadata_bytes": os.path.getsize(os.path.join(dcp_dir, ".metadata")),
                 "disk_bytes": _dir_bytes(dcp_dir)},
@@ -250,14 +254,15 @@ def print_zero1(results: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Distributed optimizer (zero=1) resharding: ucp + UCL vs torch.distributed.checkpoint")
-    for col in ("where", "system", "fragments", "metadata bytes", "save s", "load s", "save peak RSS/rank GiB",
+    for col in ("where", "system", "fragments (optimizer)", "metadata bytes", "save s", "load s", "save peak RSS/rank GiB",
                 "load peak RSS/rank GiB", "disk GiB", "correct"):
         table.add_column(col)
     for r in results:
-        label = f"{r['dir']}\n{r['state_gib']:.2f} GiB {r['source']} -> {r['target']}"
+        label = f"{os.path.dirname(r['dir'])}\n{r['state_gib']:.2f} GiB {r['source']} -> {r['target']}"
         for system in ("ucp", "dcp"):
             s = r["systems"][system]
-            table.add_row(label if system == "ucp" else "", system, f"{s['fragments']:,}", f"{s['metadata_bytes']:,}",
+            table.add_row(label if system == "ucp" else "", system, f"{s['fragments']:,} ({s['optimizer_fragments']:,})",
+                          f"{s['metadata_bytes']:,}",
                           f"{s['save_seconds']:.2f}", f"{s['load_seconds']:.2f}", f"{s['save_peak_rss_gib']:.2f}",
                           f"{s['load_peak_rss_gib']:.2f}", f"{s['disk_bytes'] / 2**30:.2f}",
                           str(s["correct"] and r["identical"]))
