@@ -57,7 +57,8 @@ def test_parts_tile_the_buffer_and_match_the_preset(layout):
     logical |= {f"{n}/{s}": LogicalTensor(f"{n}/{s}", t.shape, "float32") for n, t in logical.items() for s in STATES}
     for rank in range(lay.world_size):
         params, flats = rank_state(cfg, lay, rank)
-        want = {k: tuple(t.shape) for k, t in ucl.local_shapes(ucl.spec_for_load(_program(cfg), lay, rank, logical)).items()}
+        fmap = ucl.spec_for_load(_program(cfg), lay, rank, logical)
+        want = {k: tuple(t.shape) for k, t in ucl.local_shapes(fmap).items()}
         have = {f"model/{k}": tuple(t.shape) for k, t in params.items()} | {
             f"optim/{s}/dense": tuple(f.shape) for s, f in flats.items()}
         assert have == want
@@ -86,7 +87,8 @@ def test_zero1_smoke_4_to_2(tmp_path, capsys):
     for system in ("ucp", "dcp"):
         s = report["systems"][system]
         assert s["correct"], system
-        assert s["fragments"] > s["optimizer_fragments"] > 0 and s["metadata_bytes"] > 0 and s["disk_bytes"] > report["state_gib"] * 2**30
+        assert s["fragments"] > s["optimizer_fragments"] > 0 and s["metadata_bytes"] > 0
+        assert s["disk_bytes"] >= report["state_gib"] * 2**30
         for key in ("save_seconds", "load_seconds", "save_peak_rss_gib", "load_peak_rss_gib"):
             assert s[key] > 0, (system, key)
     assert set(report["ratios"]) == {"fragments", "metadata_bytes", "save_seconds", "load_seconds",

@@ -143,7 +143,8 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
         lay = Layout.parse(layout)
         report = {}
         # ucp: allocate what the program says this rank holds, then load (compile included) into it
-        logical = ucp.CheckpointReader(ucp_dir).logical()
+        with ucp.CheckpointReader(ucp_dir) as reader:
+            logical = reader.logical()
         into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype))
                 for k, t in ucl.local_shapes(ucl.spec_for_load(_program(cfg), lay, rank, logical)).items()}
         runs = [_timed(lambda: ucp.load(ucp_dir, into=into, program=_program(cfg), layout=lay, rank=rank))
@@ -254,15 +255,15 @@ def print_zero1(results: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Distributed optimizer (zero=1) resharding: ucp + UCL vs torch.distributed.checkpoint")
-    for col in ("where", "system", "fragments (optimizer)", "metadata bytes", "save s", "load s", "save peak RSS/rank GiB",
-                "load peak RSS/rank GiB", "disk GiB", "correct"):
+    for col in ("where", "system", "fragments (optimizer)", "metadata bytes", "save s", "load s",
+                "save peak RSS/rank GiB", "load peak RSS/rank GiB", "disk GiB", "correct"):
         table.add_column(col)
     for r in results:
         label = f"{os.path.dirname(r['dir'])}\n{r['state_gib']:.2f} GiB {r['source']} -> {r['target']}"
         for system in ("ucp", "dcp"):
             s = r["systems"][system]
-            table.add_row(label if system == "ucp" else "", system, f"{s['fragments']:,} ({s['optimizer_fragments']:,})",
-                          f"{s['metadata_bytes']:,}",
+            table.add_row(label if system == "ucp" else "", system,
+                          f"{s['fragments']:,} ({s['optimizer_fragments']:,})", f"{s['metadata_bytes']:,}",
                           f"{s['save_seconds']:.2f}", f"{s['load_seconds']:.2f}", f"{s['save_peak_rss_gib']:.2f}",
                           f"{s['load_peak_rss_gib']:.2f}", f"{s['disk_bytes'] / 2**30:.2f}",
                           str(s["correct"] and r["identical"]))
