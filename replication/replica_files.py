@@ -77,6 +77,10 @@ class CheckpointFiles:
         except FileNotFoundError:
             return None
 
+    def read_shard(self, key: str) -> bytes:
+        """A metadata shard of a sharded manifest (docs/FORMAT.md, section 9); FileNotFoundError if absent."""
+        return self.fs.cat_file(self._path(key))
+
     def has_manifest(self) -> bool:
         return self.fs.exists(self._path(MANIFEST_NAME))
 

@@ -50,7 +50,7 @@ from replication.replica_plan import RankInfo, plan_replication
 from replication.replica_tiers import CheckpointMeta, ReplicaTier
 from replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
-from ucp.errors import CheckpointNotFoundError, UcpError
+from ucp.errors import CheckpointNotFoundError, ManifestError, UcpError
 from ucp.manifest import MANIFEST_NAME, Manifest
 
 _SPEED = {"memory": 0, "disk": 1}  # lower is faster: the order replicas are read in
@@ -120,7 +120,8 @@ class ReplicaManager:
         if manifest_bytes is None:
             raise CheckpointNotFoundError(f"{path} has no {MANIFEST_NAME}: replicate a checkpoint after it commits")
         ck = digest(manifest_bytes)
-        manifest = Manifest.from_json(manifest_bytes, source=files.path + "/" + MANIFEST_NAME, checkpoint=path)
+        manifest = Manifest.from_json(manifest_bytes, source=files.path + "/" + MANIFEST_NAME, checkpoint=path,
+                                      read_shard=files.read_shard)
         known = self._agreed_map(ck)
         if known is None:
             known = self._hash_own_arrays(path, files, manifest, ck)
@@ -399,7 +400,10 @@ class ReplicaManager:
 
 
 def _lost_message(path, lost, damaged, corrupt, rmap, manifest_bytes) -> str:
-    tensors = array_tensors(Manifest.from_json(manifest_bytes))
+    try:
+        tensors = array_tensors(Manifest.from_json(manifest_bytes))
+    except ManifestError:  # sharded metadata whose shards are lost too: name the arrays without their tensors
+        tensors = {}
     bad = {}
     for key, rank in corrupt:
         bad.setdefault(key, []).append(rank)

@@ -139,15 +139,12 @@ def open_writer(
     except Exception as err:  # noqa: BLE001 - re-raised below, after every rank has heard of it
         failure = err
     if process_group is not None:
-        import torch.distributed as dist
+        from ucp.agreement import first_failure
 
         # Every rank must learn that one rank's state is invalid, or the others would hang.
-        failures: list = [None] * world_size
-        dist.all_gather_object(failures, None if failure is None else f"{type(failure).__name__}: {failure}",
-                               group=process_group)
-        bad = next(((r, f) for r, f in enumerate(failures) if f), None)
+        bad = first_failure(None if failure is None else f"{type(failure).__name__}: {failure}", group=process_group)
         if failure is None and bad is not None:
-            raise UcpError(f"save failed on rank {bad[0]}: {bad[1]}")
+            raise UcpError(f"save failed on rank {bad.rank}: {bad.message}")
     elif failure is not None and world_size > 1:
         record_failure(os.fspath(path), rank=rank, world_size=world_size, error=failure,
                        storage_options=writer_options.get("storage_options"))

@@ -113,14 +113,17 @@ def read_parts(target: SaveTarget, world_size: int) -> list[dict]:
     return parts
 
 
-def commit(target: SaveTarget, manifest: Manifest) -> None:
+def commit(target: SaveTarget, manifest: Manifest | bytes) -> None:
     """Make the checkpoint exist by the store's own strategy (manifest last; never replacing by accident).
+
+    ``manifest``: a Manifest, or the JSON of a format-2 root (its shards already written).
 
     Without ``overwrite`` the commit fails (CheckpointExistsError) if a checkpoint appeared at
     the target while this save ran, e.g. another process's concurrent save.
     """
     target.storage.remove(PARTS_DIR)
-    target.final.commit(target.storage, manifest.to_json().encode(), overwrite=target.overwrite,
+    data = manifest if isinstance(manifest, bytes) else manifest.to_json().encode()
+    target.final.commit(target.storage, data, overwrite=target.overwrite,
                         key_prefix=target.key_prefix)
 
 
@@ -206,8 +209,13 @@ def read_manifest(storage: Store, *, problems: list | None = None) -> Manifest:
     ``problems``: collect damaged tensor entries and state trees instead of raising (Manifest.from_dict).
     """
     from ucp.manifest import MAX_MANIFEST_BYTES
+    from ucp.sharded_manifest import MAX_SHARD_BYTES
+
+    def read_shard(key: str) -> bytes:
+        return storage.read_file(key, limit=MAX_SHARD_BYTES,
+                                 allowed="a metadata shard may hold (ucp.sharded_manifest.MAX_SHARD_BYTES)")
 
     data = storage.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
                              allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
     return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), checkpoint=storage.display(),
-                              problems=problems)
+                              problems=problems, read_shard=read_shard)

@@ -335,16 +335,15 @@ class CheckpointManager:
         """
         if not self._distributed():
             return problem
-        import torch.distributed as dist
+        from ucp.agreement import agree
 
-        world = dist.get_world_size(self.process_group)
-        found: list[Any] = [None] * world
-        dist.all_gather_object(found, (problem, fatal), group=self.process_group)
-        for rank, (text, is_fatal) in enumerate(found):
-            if is_fatal and not fatal:
-                raise RestoreError(f"restore failed on rank {rank}: {text}")
-        return next((f"{text} (on rank {rank})" if rank != self.rank else text
-                     for rank, (text, _) in enumerate(found) if text), None)
+        seen = agree(problem, fatal=fatal, group=self.process_group)
+        if seen.fatal is not None and not fatal:
+            raise RestoreError(f"restore failed on rank {seen.fatal.rank}: {seen.fatal.message}")
+        first = seen.first
+        if first is None or first.rank == self.rank:
+            return None if first is None else first.message
+        return f"{first.message} (on rank {first.rank})"
 
     def _find_latest(self, verify: bool) -> int | None:
         from ucp.manifest import MANIFEST_NAME, Manifest

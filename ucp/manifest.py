@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from ucp.checksum import SUPPORTED as CHECKSUM_ALGORITHMS
@@ -26,7 +27,9 @@ from ucp.geometry import Box, Region, overlapping_regions, region_from_dict, reg
 from ucp.programs import ProgramRecord
 from ucp.state_schema import check_state_tree
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # one manifest.json; format 2 (ucp.sharded_manifest) is a root plus metadata shards
+SHARDED_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, SHARDED_FORMAT_VERSION)
 MANIFEST_NAME = "manifest.json"
 DATA_DIR = "data"
 
@@ -183,29 +186,32 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "manifest.json", checkpoint: str | None = None,
-                  problems: list[tuple[str, ManifestError]] | None = None) -> "Manifest":
+                  problems: list[tuple[str, ManifestError]] | None = None,
+                  read_shard: Callable[[str], bytes] | None = None) -> "Manifest":
         """Parse and check a manifest (see :meth:`from_dict`)."""
         return cls.from_dict(parse_json(text, source=source), source=source, checkpoint=checkpoint,
-                             problems=problems)
+                             problems=problems, read_shard=read_shard)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "manifest.json", checkpoint: str | None = None,
-                  problems: list[tuple[str, ManifestError]] | None = None) -> "Manifest":
+                  problems: list[tuple[str, ManifestError]] | None = None,
+                  read_shard: Callable[[str], bytes] | None = None) -> "Manifest":
         """Check everything a loader relies on and build the manifest; ManifestError names the field.
 
         ``source`` (the manifest file) starts messages; a state tree's name ``checkpoint``
         (the directory), as a load names it. With ``problems`` (a list), a damaged tensor
         entry or state tree is recorded there as ``(what, error)`` and left out instead of
         raising, so ``ucp verify`` can report every problem; damage to the top-level fields
-        still raises.
+        still raises. A format-2 root (sharded metadata, :mod:`ucp.sharded_manifest`) reads
+        its shards through ``read_shard(key) -> bytes`` when a tensor or state is first used.
         """
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: expected a JSON object at the top level")
         version = data.get("format_version")
-        if version != FORMAT_VERSION or isinstance(version, bool):
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise FormatVersionError(
-                f"{source} has format_version {_show(version)}; this reader understands {FORMAT_VERSION} "
-                "(upgrade ucp-middleware to read newer checkpoints)"
+                f"{source} has format_version {_show(version)}; this reader understands "
+                f"{' and '.join(map(str, READABLE_VERSIONS))} (upgrade ucp-middleware to read newer checkpoints)"
             )
         algorithm = _field(data, "checksum_algorithm", source)
         if algorithm is not None and algorithm not in CHECKSUM_ALGORITHMS:
@@ -221,6 +227,13 @@ class Manifest:
         raw_tensors = _field(data, "tensors", source)
         if not isinstance(raw_tensors, dict):
             raise ManifestError(f"{source}: field 'tensors' must be an object, got {_type(raw_tensors)}")
+        header = dict(world_size=world_size, checksum_algorithm=algorithm, layout=layout,
+                      program=None if data.get("program") is None else ProgramRecord.from_dict(data["program"],
+                                                                                               source=source),
+                      created=data.get("created"), producer=data.get("producer") or "", extra=dict(extra))
+        if version == SHARDED_FORMAT_VERSION:
+            return cls._from_root(data, raw_tensors, header, source=source, checkpoint=checkpoint or source,
+                                  problems=problems, read_shard=read_shard)
         tensors = {}
         for name, t in raw_tensors.items():
             try:
@@ -233,14 +246,56 @@ class Manifest:
             tensors=tensors,
             states=_resolve_states(_field(data, "states", source), source, world_size, problems,
                                    checkpoint=checkpoint or source),
-            world_size=world_size,
-            checksum_algorithm=algorithm,
-            layout=layout,
-            program=None if data.get("program") is None else ProgramRecord.from_dict(data["program"], source=source),
-            created=data.get("created"),
-            producer=data.get("producer") or "",
-            extra=dict(extra),
+            **header,
         )
+
+    @classmethod
+    def _from_root(cls, data: dict, raw_tensors: dict, header: dict, *, source: str, checkpoint: str,
+                   problems: list | None, read_shard: Callable[[str], bytes] | None) -> "Manifest":
+        """A format-2 root: the tensor index and shard list checked now, the shards read when first needed."""
+        from ucp.sharded_manifest import ShardedStates, ShardedTensors, ShardSource, parse_shard_refs
+
+        world_size, algorithm = header["world_size"], header["checksum_algorithm"]
+        refs = parse_shard_refs(_field(data, "shards", source), source, world_size)
+        index = {}
+        for name, entry in raw_tensors.items():
+            where = f"{source}: tensor {name!r}"
+            dtype, shape = _dtype_shape(entry, where)
+            holders = _field(entry, "shards", where)
+            if not isinstance(holders, list) or len(set(holders)) != len(holders) or not all(
+                    _plain_int(i) and i < len(refs) for i in holders):
+                raise ManifestError(f"{where}: field 'shards' must list distinct shard indexes below {len(refs)}")
+            index[name] = (dtype, shape, tuple(holders))
+        shards = ShardSource(refs, read_shard, source)
+
+        def parse_entry(name: str, entry: dict, where: str) -> TensorEntry:
+            return _tensor_from_dict(name, entry, where, algorithm, world_size)
+
+        return cls(tensors=ShardedTensors(index, shards, parse_entry, problems),
+                   states=ShardedStates(world_size, shards, checkpoint), **header)
+
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """``(dtype, shape)`` of logical tensor ``name`` without reading fragments (KeyError if absent)."""
+        head = getattr(self.tensors, "header", None)
+        if head is not None:
+            return head(name)
+        entry = self.tensors[name]
+        return entry.dtype, entry.shape
+
+    def pack_extents(self, rank: int) -> dict[str, int]:
+        """Pack key -> bytes its fragments reach, for the packs of writer ``rank`` (maybe more).
+
+        Sharded metadata holds all of a rank's packs in one shard; format 1 gives every pack at once.
+        """
+        from_shard = getattr(self.tensors, "pack_extents", None)
+        if from_shard is not None:
+            return from_shard(rank)
+        extents: dict[str, int] = {}
+        for entry in self.tensors.values():
+            for f in entry.fragments:
+                if f.pack_offset is not None:
+                    extents[f.key] = max(extents.get(f.key, 0), f.pack_offset + f.nbytes)
+        return extents
 
 
 def parse_json(text: str | bytes, *, source: str = "manifest.json") -> Any:
@@ -355,8 +410,8 @@ def _layout(data: Any, source: str) -> dict | None:
     return data
 
 
-def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, world_size: int) -> TensorEntry:
-    where = f"{source}: tensor {name!r}"
+def _dtype_shape(data: Any, where: str) -> tuple[str, tuple[int, ...]]:
+    """A tensor entry's checked ``dtype`` and ``shape``."""
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: expected a JSON object, got {_type(data)}")
     dtype = _field(data, "dtype", where)
@@ -370,9 +425,16 @@ def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, 
     if not isinstance(raw_shape, list):
         raise ManifestError(f"{where}: field 'shape' must be a list of integers, got {_type(raw_shape)}")
     shape = tuple(_int(s, f"{where}: field 'shape'") for s in raw_shape)
-    numel = math.prod(shape)
-    if numel * itemsize > MAX_INT:
+    if math.prod(shape) * itemsize > MAX_INT:
         raise ManifestError(f"{where}: shape {list(shape)} holds more bytes than any tensor can")
+    return dtype, shape
+
+
+def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, world_size: int) -> TensorEntry:
+    where = f"{source}: tensor {name!r}"
+    dtype, shape = _dtype_shape(data, where)
+    itemsize = torch_dtype(dtype).itemsize
+    numel = math.prod(shape)
     raw_fragments = _field(data, "fragments", where)
     if not isinstance(raw_fragments, list):
         raise ManifestError(f"{where}: field 'fragments' must be a list, got {_type(raw_fragments)}")

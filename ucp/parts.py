@@ -54,20 +54,11 @@ def merge_parts(parts: list[dict], *, created: str | None = None) -> Manifest:
     """One manifest from every rank's part (ordered by rank); raises on any failed check."""
     failed = [(p["rank"], p["error"]) for p in parts if p.get("error")]
     if failed:
-        rank, error = failed[0]
-        raise UcpError(f"save failed on rank {rank}: {error}" + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""))
+        raise UcpError(failure_message(failed[0], len(failed)))
     world_size = parts[0]["world_size"]
-    logical: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    logical = agree_logical(parts)
     fragments: dict[str, list[Fragment]] = defaultdict(list)
     for part in parts:
-        for name, info in part["logical"].items():
-            seen = (info["dtype"], tuple(info["shape"]), part["rank"])
-            first = logical.setdefault(name, seen)
-            if first[:2] != seen[:2]:
-                raise LayoutError(
-                    f"ranks disagree on logical tensor {name!r}: rank {first[2]} has {first[0]}{list(first[1])}, "
-                    f"rank {seen[2]} has {seen[0]}{list(seen[1])}; fix the spec of one of them"
-                )
         for name, frags in part["fragments"].items():
             fragments[name].extend(Fragment.from_dict(f) for f in frags)
     tensors = {}
@@ -86,8 +77,8 @@ def merge_parts(parts: list[dict], *, created: str | None = None) -> Manifest:
                 "check the fragment maps (every element must belong to exactly one piece or one replica group)"
             )
         tensors[name] = TensorEntry(name=name, dtype=dtype, shape=shape, fragments=frags)
-    _check_replicas(parts)
-    _check_whole_load(parts[0], tensors)
+    check_replicas(parts)
+    check_whole_load(parts[0], tensors)
     first = parts[0]
     return Manifest(
         tensors=tensors,
@@ -100,7 +91,29 @@ def merge_parts(parts: list[dict], *, created: str | None = None) -> Manifest:
     )
 
 
-def _check_replicas(parts: list[dict]) -> None:
+def failure_message(first: tuple[int, str], count: int) -> str:
+    """Why a save failed: the first failed rank's error, and how many ranks failed."""
+    rank, error = first
+    return f"save failed on rank {rank}: {error}" + (f" (and {count - 1} more ranks)" if count > 1 else "")
+
+
+def agree_logical(parts: list[dict]) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Logical tensor name -> ``(dtype, shape, first rank naming it)``; LayoutError where ranks disagree."""
+    logical: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    for part in parts:
+        for name, info in part["logical"].items():
+            seen = (info["dtype"], tuple(info["shape"]), part["rank"])
+            first = logical.setdefault(name, seen)
+            if first[:2] != seen[:2]:
+                raise LayoutError(
+                    f"ranks disagree on logical tensor {name!r}: rank {first[2]} has {first[0]}{list(first[1])}, "
+                    f"rank {seen[2]} has {seen[0]}{list(seen[1])}; fix the spec of one of them"
+                )
+    return logical
+
+
+def check_replicas(parts: list[dict]) -> None:
+    """ReplicaMismatchError when ranks hold different values of one replicated piece (``check-equal``)."""
     groups: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     for part in parts:
         for name, region, digest in part["replica_digests"]:
@@ -118,7 +131,7 @@ def _check_replicas(parts: list[dict]) -> None:
             )
 
 
-def _check_whole_load(first: dict, tensors: dict) -> None:
+def check_whole_load(first: dict, tensors) -> None:
     """Refuse what ``ucp.load(path)`` could not return: an unplaced logical tensor named like a top-level key."""
     tree = first.get("state")
     placed = set(tensor_refs(tree))

@@ -87,7 +87,7 @@ class CheckpointReader:
         self.verify = verify and self.manifest.checksum_algorithm is not None
         self._chunks: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self._verified: set[tuple[str, int]] = set()
-        self._pack_extents: dict[str, int] | None = None  # pack key -> bytes its fragments reach
+        self._pack_extents: dict[str, int] = {}  # pack key -> bytes its fragments reach
 
     def close(self) -> None:
         """Drop buffers and I/O threads (the reader stays usable)."""
@@ -102,7 +102,8 @@ class CheckpointReader:
 
     def logical(self) -> dict[str, LogicalTensor]:
         """Every logical tensor in the checkpoint."""
-        return {n: LogicalTensor(n, t.shape, t.dtype) for n, t in self.manifest.tensors.items()}
+        heads = ((n, self.manifest.header(n)) for n in self.manifest.tensors)
+        return {n: LogicalTensor(n, shape, dtype) for n, (dtype, shape) in heads}
 
     def entry(self, name: str) -> TensorEntry:
         """The manifest entry of logical tensor ``name`` (KeyMismatchError naming some that exist)."""
@@ -271,7 +272,7 @@ class CheckpointReader:
         dtype = storage_dtype(self.manifest.tensors[name].dtype)
         if frag.pack_offset is not None:
             value = self.storage.read_packed(f"data/{frag.key}", frag.pack_offset, region_shape(frag.region), dtype,
-                                             what=what, extent=self.pack_extent(frag.key))
+                                             what=what, extent=self.pack_extent(frag))
         else:
             value = self.storage.read_small(f"data/{frag.key}", region_shape(frag.region), dtype, what=what)
         if self.verify and _cache_key(frag, 0) not in self._verified:
@@ -281,16 +282,11 @@ class CheckpointReader:
             self._chunks.popitem(last=False)
         return value
 
-    def pack_extent(self, key: str) -> int:
-        """How many bytes of pack ``key`` the manifest's fragments reach: all a read of it may take."""
-        if self._pack_extents is None:
-            extents: dict[str, int] = {}
-            for entry in self.manifest.tensors.values():
-                for f in entry.fragments:
-                    if f.pack_offset is not None:
-                        extents[f.key] = max(extents.get(f.key, 0), f.pack_offset + f.nbytes)
-            self._pack_extents = extents
-        return self._pack_extents[key]
+    def pack_extent(self, frag: Fragment) -> int:
+        """How many bytes of the pack holding ``frag`` its fragments reach: all a read of it may take."""
+        if frag.key not in self._pack_extents:
+            self._pack_extents.update(self.manifest.pack_extents(frag.rank))
+        return self._pack_extents[frag.key]
 
     def _check(self, name: str, frag: Fragment, index: int, array: np.ndarray) -> None:
         self._compare(name, frag, index, _checksum.digest(np.ascontiguousarray(array)))

@@ -80,13 +80,20 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
     except (UcpError, OSError) as err:
         problem = Problem("", manifest_file, type(err).__name__, str(err))
         return VerifyReport(path, False, 0, 0, 0, False, (problem,))
+    # Sharded metadata (format 2) is read while the tensors are: its problems are collected meanwhile.
+    entries = sorted(manifest.tensors.items())
+    for rank in manifest.states:
+        try:
+            manifest.states[rank]
+        except ManifestError as err:
+            collected.append((f"states[{rank}]", err))
     problems = [Problem(what, manifest_file, type(err).__name__, str(err)) for what, err in collected]
     problems.extend(_program_problems(manifest, manifest_file))
     reader = CheckpointReader(path, verify=True, opened=(storage, manifest))
     fragments = checked = 0
     packs: set[str] = set()
     try:
-        for name, entry in sorted(manifest.tensors.items()):
+        for name, entry in entries:
             for frag in entry.fragments:
                 fragments += 1
                 where = storage.display("data", frag.key)
@@ -110,7 +117,7 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
     return VerifyReport(
         path=path,
         ok=not problems,
-        tensors=len(manifest.tensors) + sum(1 for what, _ in collected if not what.startswith("states[")),
+        tensors=len(entries) + sum(1 for what, _ in collected if not what.startswith("states[")),
         fragments=fragments,
         bytes_checked=checked,
         checksums=reader.verify,
@@ -149,7 +156,7 @@ def _array_problems(storage: Store, reader: CheckpointReader, entry: TensorEntry
                                 "the checkpoint is damaged")]
     problems = []
     if frag.pack_offset is not None:
-        extent = reader.pack_extent(frag.key)
+        extent = reader.pack_extent(frag)
         found = meta.get("shape") if isinstance(meta, dict) else None
         length = found[0] if isinstance(found, list) and len(found) == 1 and isinstance(found[0], int) else extent
         shape, data_type, rows = (max(length, extent),), "uint8", max(length, extent)

@@ -46,7 +46,8 @@ from ucp.write_units import average_replicas, local_region, write_units
 @dataclass(frozen=True)
 class SaveResult:
     """What a save did, on this rank; ``manifest`` once the checkpoint is committed, on the rank that
-    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment)."""
+    committed it (with a process group: group rank 0 only, so that no other rank holds every fragment;
+    None with sharded metadata, where no rank holds them - open the checkpoint to read it)."""
 
     path: str
     rank: int
@@ -339,27 +340,76 @@ class CheckpointWriter:
         makes the same two collectives in the same order, so a rank that aborts and ranks that
         close always meet, and every rank learns why a save failed.
         """
+        error, manifest = self._exchange_parts()
+        if error is not None:
+            if self._part["error"]:
+                raise UcpError(f"save aborted on this rank: {self._part['error']}") from error
+            raise error
+        return self._result(committed=True, manifest=manifest)
+
+    def _exchange_parts(self) -> tuple[Exception | None, Manifest | None]:
+        """Every rank's part to the committer, the commit, and its outcome back to every rank (collective).
+
+        Below ``StoreOptions.metadata_shard_min_ranks`` ranks, group rank 0 gathers the parts
+        and commits one manifest; from there on, leaders of ~sqrt(W) ranks write metadata
+        shards and rank 0 commits the root that indexes them (:mod:`ucp.metadata_shards`).
+        """
         import torch.distributed as dist
 
         root = dist.get_global_rank(self._pg, 0)
-        parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(self._part, parts, dst=root, group=self._pg)
         outcome: list[Any] = [None]
         manifest = None
-        if self.rank == 0:
-            try:
-                manifest = merge_parts(parts, created=utc_now())
-                commit(self._target, manifest)
-            except Exception as err:  # noqa: BLE001 - reported to every rank
-                outcome[0] = err
-                self._cleanup()
-            parts = None
+        if self.world_size >= self._options.metadata_shard_min_ranks:
+            outcome[0] = self._commit_sharded()
+        else:
+            parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(self._part, parts, dst=root, group=self._pg)
+            if self.rank == 0:
+                try:
+                    manifest = merge_parts(parts, created=utc_now())
+                    commit(self._target, manifest)
+                except Exception as err:  # noqa: BLE001 - reported to every rank
+                    outcome[0] = err
+                    self._cleanup()
+                parts = None
         dist.broadcast_object_list(outcome, src=root, group=self._pg)
-        if outcome[0] is not None:
-            if self._part["error"]:
-                raise UcpError(f"save aborted on this rank: {self._part['error']}") from outcome[0]
-            raise outcome[0]
-        return self._result(committed=True, manifest=manifest)
+        return outcome[0], manifest
+
+    def _commit_sharded(self) -> Exception | None:
+        """Parts to group leaders, shards written, summaries to rank 0, which commits (its error, or None)."""
+        import torch.distributed as dist
+
+        from ucp.metadata_shards import GroupPlan, root_manifest, write_group_shard
+
+        plan = GroupPlan(self.world_size)
+        group = plan.group_of(self.rank)
+        peer = lambda r: dist.get_global_rank(self._pg, r)  # noqa: E731
+        if self.rank != plan.leader(group):
+            dist.send_object_list([self._part], dst=peer(plan.leader(group)), group=self._pg)
+            return None
+        parts = [self._part]
+        for member in plan.ranks(group)[1:]:
+            box: list[Any] = [None]
+            dist.recv_object_list(box, src=peer(member), group=self._pg)
+            parts.append(box[0])
+        summary = write_group_shard(parts, index=group, ranks=plan.ranks(group), seed=self._target.token,
+                                    key_prefix=self._target.key_prefix, write=self._target.storage.write_bytes)
+        parts = None
+        if self.rank != 0:
+            dist.send_object_list([summary], dst=peer(0), group=self._pg)
+            return None
+        summaries = [summary]
+        for other in range(1, plan.count):
+            box = [None]
+            dist.recv_object_list(box, src=peer(plan.leader(other)), group=self._pg)
+            summaries.append(box[0])
+        try:
+            commit(self._target, root_manifest(summaries, self._part, seed=self._target.token,
+                                               world_size=self.world_size, created=utc_now()))
+        except Exception as err:  # noqa: BLE001 - reported to every rank
+            self._cleanup()
+            return err
+        return None
 
     def abort(self, reason: str | None = None) -> None:
         """Give up this save: nothing is committed (collective with a process group).
@@ -384,20 +434,8 @@ class CheckpointWriter:
         self._pending.clear()
         reason = self._part["error"] or reason or f"aborted by rank {self.rank}"
         if self._pg is not None:
-            import torch.distributed as dist
-
             self._part["error"] = reason
-            root = dist.get_global_rank(self._pg, 0)
-            parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-            dist.gather_object(self._part, parts, dst=root, group=self._pg)
-            outcome: list[Any] = [None]
-            if self.rank == 0:
-                try:
-                    merge_parts(parts, created=utc_now())  # raises, naming the rank(s) that failed and why
-                except UcpError as err:
-                    outcome[0] = err
-                self._cleanup()
-            dist.broadcast_object_list(outcome, src=root, group=self._pg)
+            self._exchange_parts()  # fails (this rank's part has an error), and cleans up, on rank 0
         else:
             self._give_up(reason)
 

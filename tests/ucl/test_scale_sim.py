@@ -18,6 +18,12 @@ from tools.bench import scale_sim
 from ucl.simulate import place
 from ucp.fragment_plan import planned_fragments
 from ucp.layout import Layout
+from ucp.metadata_shards import GroupPlan
+from ucp.spec import LogicalTensor
+
+
+def manifest_logical(manifest) -> dict:
+    return {n: LogicalTensor(n, e.shape, e.dtype) for n, e in manifest.tensors.items()}
 
 PARAMS = dict(num_layers=2, hidden_size=32, ffn_hidden_size=48, heads=4, kv_heads=4, vocab_size=50, vocab_multiple=4)
 
@@ -49,6 +55,13 @@ def test_planned_fragments_are_the_ones_the_writer_records(tmp_path, models, mon
         assert {f.key for _, fl in planned.items() for f in fl} == {f.key for _, f in saved}
         spread += sum(1 for spec in fmap.tensors.values() if spec.replicas > 1 for _ in spec.pieces)
     assert spread  # replicated pieces took part
+    # The simulator's format-2 shard index never names fewer shards than the save's fragments fill.
+    plan = GroupPlan(layout.world_size)
+    holders = scale_sim.shard_holders(program, layout, manifest_logical(manifest))
+    for name, entry in manifest.tensors.items():
+        actual = {plan.group_of(f.rank) for f in entry.fragments}
+        estimate = holders[name]
+        assert (actual <= set(estimate)) if min(estimate) >= 0 else len(actual) <= len(estimate), name
 
 
 def test_the_simulator_computes_every_rank_of_a_small_layout_and_plans_a_reshard_load():
@@ -58,6 +71,9 @@ def test_the_simulator_computes_every_rank_of_a_small_layout_and_plans_a_reshard
     assert row["fragments_per_rank_max"] <= row["run_fragments_per_rank_max"]
     assert row["load_ranks"] == 1 and row["load_overlaps_planned"] and row["load_copy_ops_max"] > 0
     assert "| tiny | tp=2,pp=2,dp=2,zero=1 | 8 (8) |" in scale_sim.markdown([row])
+    v2 = row["format2"]  # groups of ceil(sqrt(8)) = 3 ranks; the loading rank (stage 1) reads groups 1 and 2
+    assert (v2["groups"], v2["group_ranks"], v2["shards_read_max"]) == (3, 3, 2)
+    assert v2["root_bytes"] < row["manifest_bytes"] and v2["read_bytes_max"] > v2["root_bytes"]
 
 
 def test_the_simulator_refuses_unknown_scenarios(capsys):

@@ -9,9 +9,10 @@ serialises them as the manifest would; then it plans a reshard load into another
 
 * fragments in all and per rank (max over the ranks computed), and what the same layout cost
   with one fragment per contiguous run (the decomposition before ``ucl.flat`` made boxes);
-* the manifest's bytes, and the metadata one loading rank reads (the whole manifest in
-  format 1; ``sharded`` is what it would read from per-rank shards: a root plus the shards of
-  the ranks whose fragments it overlaps);
+* the manifest's bytes in format 1 (one ``manifest.json``, which every loading rank reads) and
+  in format 2 (docs/FORMAT.md, section 9.1: a root plus one metadata shard per group of
+  ``ceil(sqrt(W))`` ranks): the root's bytes, a shard's, and what one loading rank reads - the
+  root and the shards of the tensors it loads (those of the groups of its pipeline stage);
 * per-rank plan time for the save (compile + write plan) and for the reshard load (compile +
   overlap plan), the slowest rank computed, in CPU seconds of this process (wall time on a
   shared machine measures the neighbours).
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import random
 import sys
 import time
@@ -52,7 +54,8 @@ from ucl.flat import contiguous_count
 from ucp.fragment_plan import planned_fragments
 from ucp.geometry import Box, FlatRange, plan_overlaps
 from ucp.layout import Layout
-from ucp.spec import LogicalTensor
+from ucp.metadata_shards import GroupPlan, GroupSummary
+from ucp.spec import SPREAD_MIN_BYTES, LogicalTensor
 
 LLAMA_70B = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, heads=64, kv_heads=8, vocab_size=128256)
 # 126 layers over 16 stages: Llama 3's own pipeline put one layer fewer on the first and last stage.
@@ -155,8 +158,9 @@ def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, sa
     peers = load_sources(source, target, rank)
     if len(peers) > max_sources:
         start = time.process_time()
-        spec_for_load(prog, target, rank, logical)
-        return {"rank": rank, "seconds": time.process_time() - start, "overlaps": False}
+        fmap = spec_for_load(prog, target, rank, logical)
+        return {"rank": rank, "seconds": time.process_time() - start, "overlaps": False,
+                "tensors": {p.logical for spec in fmap.tensors.values() for p in spec.pieces}}
     for r in peers:
         if r not in saved:
             saved[r] = save_rank(prog, source, r, logical)
@@ -187,7 +191,83 @@ def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, sa
     seconds = time.process_time() - start
     shard_bytes = sum(saved[r].bytes + saved[r].state_bytes for r in touched)
     return {"rank": rank, "seconds": seconds, "copy_ops": ops, "source_ranks": len(touched),
-            "shard_bytes": shard_bytes, "unplanned": unplanned, "overlaps": True}
+            "shard_bytes": shard_bytes, "unplanned": unplanned, "overlaps": True,
+            "tensors": {p.logical for spec in fmap.tensors.values() for p in spec.pieces}}
+
+
+def shard_holders(prog, source: Layout, logical: dict) -> dict[str, list[int]]:
+    """Logical tensor -> the format-2 shards (groups of ranks) that may hold its fragments: an upper bound.
+
+    A tensor's fragments are written by ranks of the pipeline stages that hold it; its shards
+    are the groups those stages' ranks fall in (pp is the outermost rank dimension, so each
+    stage is a run of consecutive ranks). Which stages hold a tensor comes from compiling one
+    rank per stage and expert-parallel rank without the distributed optimizer (which only
+    divides a stage's tensors among its data-parallel ranks). A tensor that several stages hold
+    and that is smaller than one spread part (the step) is written by one rank: one shard,
+    numbered -1 (it is not known which).
+    """
+    plan = GroupPlan(source.world_size)
+    per_stage = source.world_size // source.pp
+    whole = Layout.from_dict({**source.to_dict(), "zero": 0})
+    held: dict[str, set[int]] = {}
+    for stage in range(source.pp):
+        for ep in range(source.ep):
+            fmap = spec_for_load(prog, whole, whole.rank_of(pp=stage, dp=ep), logical)
+            for spec in fmap.tensors.values():
+                for piece in spec.pieces:
+                    held.setdefault(piece.logical, set()).add(stage)
+    holders = {}
+    for name, stages in held.items():
+        t = logical[name]
+        if len(stages) > 1 and math.prod(t.shape) * (4 if t.dtype == "float32" else 2) < SPREAD_MIN_BYTES:
+            holders[name] = [-1]
+            continue
+        holders[name] = sorted({g for st in stages for g in
+                                range(plan.group_of(st * per_stage), plan.group_of((st + 1) * per_stage - 1) + 1)})
+    return holders
+
+
+def sharded_sizes(holders: dict[str, list[int]], logical: dict, source: Layout, sampled: list,
+                  loading: list[set[str]]) -> dict:
+    """Format 2's root bytes, mean shard bytes and the most one loading rank reads (root + its shards)."""
+    plan = GroupPlan(source.world_size)
+    ref = len(json.dumps({"key": "data/meta/g00000.json", "ranks": [0, plan.size], "nbytes": 1 << 20,
+                          "xxh3_64": "0" * 16}, separators=(",", ":"))) + 1
+    root = len(json.dumps({n: {"dtype": t.dtype, "shape": list(t.shape), "shards": [abs(g) for g in holders.get(n, [])]}
+                           for n, t in logical.items()}, separators=(",", ":"))) + plan.count * ref + 300
+    shard = int(plan.size * sum(s.bytes + s.state_bytes for s in sampled) / len(sampled))
+    reads = [len({g for n in names for g in holders.get(n, ())}) for names in loading]
+    summary = summary_bytes(holders, logical, source, sampled)
+    return {"groups": plan.count, "group_ranks": plan.size, "root_bytes": root, "shard_bytes_mean": shard,
+            "shards_read_max": max(reads, default=None),
+            "read_bytes_max": root + max(reads) * shard if reads else None,
+            "summary_bytes_max": summary, "rank0_receives_bytes": summary * (plan.count - 1),
+            "messages_per_rank_max": max(plan.size, plan.count) - 1}
+
+
+def summary_bytes(holders: dict[str, list[int]], logical: dict, source: Layout, sampled: list) -> int:
+    """The largest group summary a leader sends rank 0 (pickled, as the save sends it), estimated.
+
+    It holds, per tensor with fragments in the group, its dtype, shape, element count and
+    coverage weight, and one digest per distinct replicated piece (``check-equal``): as many as
+    the sampled ranks' replicated pieces times the tensor-parallel ranks a group spans.
+    """
+    plan = GroupPlan(source.world_size)
+    per_group: dict[int, list[str]] = {}
+    for name, groups in holders.items():
+        for g in groups:
+            per_group.setdefault(g, []).append(name)
+    names = max(per_group.values(), key=len)
+    replicated = max(sum(1 for n in s.replicas if s.replicas[n] > 1) for s in sampled)
+    example = max(names, key=len)
+    out = GroupSummary(0)
+    for name in names:
+        t = logical[name]
+        out.logical[name] = (t.dtype, tuple(t.shape), 0)
+        out.cover[name] = (math.prod(t.shape), (1 << 61) - 2)
+    for i in range(replicated * min(source.tp, plan.size)):
+        out.replicas[(f"{example}#{i}", "[0:16384, 0:16384]")] = ("0123456789abcdef", source.world_size - 1)
+    return len(pickle.dumps(out))
 
 
 def run_scenario(scenario: Scenario, zero: int, *, samples: int, load_samples: int, max_sources: int = 256,
@@ -214,7 +294,9 @@ def run_scenario(scenario: Scenario, zero: int, *, samples: int, load_samples: i
     trees = source.world_size // source.dp
     state = int(sum(s.state_bytes for s in sampled) / len(sampled) * trees + (source.world_size - trees) * 24)
     manifest = header + int(sum(s.bytes for s in sampled) * scale) + state
-    root = header + source.world_size * 40  # a sharded root: the logical index and one shard reference per rank
+    root = header + source.world_size * 40  # a root over per-rank shards: the logical index, one reference per rank
+    v2 = sharded_sizes(shard_holders(prog, source, logical), logical, source, sampled,
+                       [ld["tensors"] for ld in loads])
     return {
         "scenario": scenario.name, "layout": str(source), "load_layout": str(target), "world": source.world_size,
         "sampled_ranks": len(sampled), "exact": len(sampled) == source.world_size,
@@ -232,6 +314,7 @@ def run_scenario(scenario: Scenario, zero: int, *, samples: int, load_samples: i
         "load_copy_ops_max": max((ld["copy_ops"] for ld in planned), default=None),
         "load_unplanned_pieces_max": max((ld["unplanned"] for ld in planned), default=None),
         "sharded_read_bytes_max": root + max(ld["shard_bytes"] for ld in planned) if planned else None,
+        "format2": v2,
     }
 
 
@@ -242,15 +325,18 @@ def _mb(n: int) -> str:
 def _cells(r: dict) -> list[str]:
     load = "-" if r["load_plan_s_max"] is None else f"{r['load_plan_s_max']:.2f}"
     load += "" if r["load_overlaps_planned"] or r["load_plan_s_max"] is None else " (compile)"
-    sharded = "-" if r["sharded_read_bytes_max"] is None else _mb(r["sharded_read_bytes_max"])
+    v2 = r["format2"]
+    read = "-" if v2["read_bytes_max"] is None else f"{_mb(v2['read_bytes_max'])} ({v2['shards_read_max']})"
     return [r["scenario"], r["layout"], f"{r['world']:,} ({r['sampled_ranks']})", f"{r['fragments_total']:,}",
             f"{r['fragments_per_rank_max']:,}", f"{r['run_fragments_per_rank_max']:,}", _mb(r["manifest_bytes"]),
-            sharded, f"{r['save_plan_s_max']:.2f}", r["load_layout"], load]
+            f"{v2['groups']} x {v2['group_ranks']}", _mb(v2["root_bytes"]), _mb(v2["shard_bytes_mean"]), read,
+            _mb(v2["rank0_receives_bytes"]),
+            f"{r['save_plan_s_max']:.2f}", r["load_layout"], load]
 
 
 COLUMNS = ["scenario", "layout", "ranks (sampled)", "fragments", "per rank (max)", "per rank, one per run",
-           "manifest (read by every loading rank)", "read per loading rank if sharded per rank", "save plan s",
-           "reshard load to", "load plan s"]
+           "format 1 manifest (read by every loading rank)", "format 2 groups x ranks", "root", "shard (mean)",
+           "format 2 read per loading rank (shards)", "rank 0 receives (summaries)", "save plan s", "reshard load to", "load plan s"]
 
 
 def markdown(rows: list[dict]) -> str:

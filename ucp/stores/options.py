@@ -1,8 +1,9 @@
 """The I/O tuning of a store: one frozen value instead of module globals.
 
-Every number here changes speed and memory, never the bytes of a checkpoint
+Every number here changes speed and memory, never what a load returns
 (``pack_align`` is recorded implicitly in each pack's offsets, which readers
-take from the manifest). A save or load takes one ``StoreOptions``; tests pick
+take from the manifest; ``metadata_shard_min_ranks`` picks one manifest or a
+sharded one, and readers read both). A save or load takes one ``StoreOptions``; tests pick
 an I/O path by passing one instead of patching private globals::
 
     >>> opts = StoreOptions.parse("chunk_bytes=64,pack_max_bytes=0")
@@ -61,6 +62,10 @@ class StoreOptions:
     # sends its multi-chunk arrays through tensorstore, as on object stores.
     direct_writes: bool = True
     direct_reads: bool = True
+    # A save with a process group of at least this many ranks writes sharded metadata
+    # (docs/FORMAT.md, section 9: a small root manifest and one shard per ~sqrt(W) ranks),
+    # so no rank gathers every fragment and a loading rank reads only the shards it needs.
+    metadata_shard_min_ranks: int = 64
 
     def __post_init__(self) -> None:
         for f in fields(self):
