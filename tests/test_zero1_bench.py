@@ -94,3 +94,23 @@ def test_zero1_smoke_4_to_2(tmp_path, capsys):
     assert set(report["ratios"]) == {"fragments", "metadata_bytes", "save_seconds", "load_seconds",
                                      "save_peak_rss_gib", "load_peak_rss_gib", "disk_bytes"}
     assert list(tmp_path.iterdir()) == []  # the work directory is removed
+
+
+def test_metadata_bytes_count_the_manifest_and_its_shards(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    import ucp
+    from tools.bench.zero1_reshard import metadata_summary
+
+    ucp.save({"w/exp_avg": torch.ones(4), "w": torch.ones(2)}, tmp_path / "u")
+    dcp.save({"optimizer.state.exp_avg.w": torch.ones(4), "model.w": torch.ones(2)}, checkpoint_id=tmp_path / "d")
+    before = metadata_summary(str(tmp_path / "u"), str(tmp_path / "d"))
+    assert before["ucp"]["metadata_bytes"] == (tmp_path / "u" / "manifest.json").stat().st_size
+    assert before["dcp"]["metadata_bytes"] == (tmp_path / "d" / ".metadata").stat().st_size
+    assert (before["ucp"]["fragments"], before["ucp"]["optimizer_fragments"]) == (2, 1)
+    assert (before["dcp"]["fragments"], before["dcp"]["optimizer_fragments"]) == (2, 1)
+    shard = tmp_path / "u" / "data" / "5f2a" / "meta" / "g00000.json"  # where format 2 puts its shards
+    shard.parent.mkdir(parents=True)
+    shard.write_text("{}" * 50)
+    assert metadata_summary(str(tmp_path / "u"), str(tmp_path / "d"))["ucp"]["metadata_bytes"] == \
+        before["ucp"]["metadata_bytes"] + 100

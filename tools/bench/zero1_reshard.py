@@ -9,9 +9,9 @@ other, and check that every tensor each system gave them is bitwise the expected
 both gave identical tensors; a digest comparison across the systems says the same).
 
 Per system it reports fragments (ucp: the manifest's; DCP: the chunks in its ``.metadata``; and
-how many of them hold optimizer states),
-metadata bytes (ucp: ``manifest.json`` plus any ``meta/`` files; DCP: ``.metadata``), save and
-load time (slowest rank; loads: median over repeats), and peak RSS per rank in each phase
+how many of them hold optimizer states), metadata bytes (ucp: ``manifest.json`` plus any
+metadata shards, ``data/[<token>/]meta/``; DCP: ``.metadata``), save and load time (slowest
+rank; loads: median over repeats), and peak RSS per rank in each phase
 (sampled every 5 ms with psutil, since both systems run in the same process).
 
     run_zero1("tp=2,dp=4,zero=1", "tp=2,dp=3,zero=1", 0.01, "/dev/shm/x", repeats=1)
@@ -187,9 +187,9 @@ def metadata_summary(ucp_dir: str, dcp_dir: str) -> dict:
     import ucp
 
     summary = ucp.describe(ucp_dir)
-    meta_dir = os.path.join(ucp_dir, "meta")
-    ucp_meta = os.path.getsize(os.path.join(ucp_dir, "manifest.json")) + (
-        _dir_bytes(meta_dir) if os.path.isdir(meta_dir) else 0)
+    # format 2 (saves of many ranks) adds metadata shards: data/[<token>/]meta/g<k>.json
+    ucp_meta = os.path.getsize(os.path.join(ucp_dir, "manifest.json")) + sum(
+        _dir_bytes(d) for d, _, _ in os.walk(ucp_dir) if os.path.basename(d) == "meta")
     metadata = FileSystemReader(dcp_dir).read_metadata()
     chunks = {k: len(m.chunks) for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     optimizer = tuple(f"/{s}" for s in STATES)
