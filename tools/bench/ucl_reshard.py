@@ -13,6 +13,14 @@ checks that both systems gave it identical tensors.
 Prints, per scenario and system: load time (slowest rank, median of
 ``--repeats`` loads in the same processes), peak RSS of the largest rank and
 its growth during the loads, and ucp / DCP ratios.
+
+``--zero1`` runs the distributed-optimizer scenario instead (tools/bench/zero1_reshard.py):
+a Megatron zero=1 state (bf16 parameters, fp32 masters and Adam moments in flat dp
+partitions) of ``--gib`` GiB of optimizer state, saved under ``--source`` and loaded under
+``--target`` by both systems, with fragments, metadata bytes, save and load time and
+peak RSS per system. ``--dir`` may be given more than once (e.g. /dev/shm and a disk):
+
+    python tools/bench/ucl_reshard.py --zero1 --gib 2 --dir /dev/shm --dir /work/tmp
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ import math
 import os
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,6 +40,10 @@ import zlib
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tools.bench.megatron_state import check_layout
+from tools.bench.zero1_reshard import free_port as _free_port, init_gloo as _init, print_zero1, run_zero1
+from ucp.layout import Layout
 
 ROWS, COLS = 6144, 3072  # divisible by 4, 6 and 8, so DCP (chunk) and UCL (split_evenly) agree on shards
 
@@ -58,10 +69,6 @@ def shard(name: str, world: int, rank: int, source: torch.Tensor | None = None) 
     t = full_tensor(name) if source is None else source
     dim = 0 if name.startswith("rows") else 1
     return t.chunk(world, dim=dim)[rank].contiguous()
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
 def _rss() -> int:
@@ -144,12 +151,6 @@ def _load_worker(rank: int, world: int, port: int, names: list[str], system: str
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_scenario(source: int, target: int, gib: float, workdir: str, repeats: int = 3) -> dict:
     names = tensor_names(gib)
     ucp_dir, dcp_dir = os.path.join(workdir, "ucp"), os.path.join(workdir, "dcp")
@@ -187,19 +188,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=1.0, help="state size in GiB (default 1.0)")
     parser.add_argument("--scenarios", default="8:4,4:6", help="SOURCE:TARGET process counts (default 8:4,4:6)")
     parser.add_argument("--repeats", type=int, default=3, help="loads per system, median reported (default 3)")
-    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed)")
+    parser.add_argument("--dir", action="append", default=None,
+                        help="parent of the work directories (a temporary one each, removed); repeat it to run "
+                             "every scenario in each (default: the system's temporary directory)")
+    parser.add_argument("--zero1", action="store_true",
+                        help="the distributed-optimizer scenario (--source -> --target) instead of --scenarios")
+    parser.add_argument("--source", default="tp=2,dp=4,zero=1", help="zero1: saving layout (default tp=2,dp=4,zero=1)")
+    parser.add_argument("--target", default="tp=2,dp=3,zero=1", help="zero1: loading layout (default tp=2,dp=3,zero=1)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    results = []
-    for item in args.scenarios.split(","):
-        s, t = (int(x) for x in item.split(":"))
-        workdir = tempfile.mkdtemp(prefix="ucl-reshard-", dir=args.dir)
+    if args.zero1:
         try:
-            results.append(run_scenario(s, t, args.gib, workdir, args.repeats))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            for text in (args.source, args.target):
+                check_layout(Layout.parse(text))
+        except ValueError as exc:  # LayoutError is a ValueError too
+            print(f"ucl_reshard: {exc}", file=sys.stderr)
+            return 2
+    results = []
+    for parent in args.dir or [None]:
+        for item in ["zero1"] if args.zero1 else args.scenarios.split(","):
+            workdir = tempfile.mkdtemp(prefix="ucl-reshard-", dir=parent)
+            try:
+                if args.zero1:
+                    results.append(run_zero1(args.source, args.target, args.gib, workdir, repeats=args.repeats))
+                else:
+                    s, t = (int(x) for x in item.split(":"))
+                    results.append(run_scenario(s, t, args.gib, workdir, args.repeats))
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=1))
+        return 0
+    if args.zero1:
+        print_zero1(results)
         return 0
     from rich.console import Console
     from rich.table import Table
