@@ -274,6 +274,11 @@ class Manifest:
         return cls(tensors=ShardedTensors(index, shards, parse_entry, problems),
                    states=ShardedStates(world_size, shards, checkpoint), **header)
 
+    @property
+    def format_version(self) -> int:
+        """2 for a sharded root read from a checkpoint (its tensors come from shards), else 1."""
+        return SHARDED_FORMAT_VERSION if hasattr(self.tensors, "shards_read") else FORMAT_VERSION
+
     def header(self, name: str) -> tuple[str, tuple[int, ...]]:
         """``(dtype, shape)`` of logical tensor ``name`` without reading fragments (KeyError if absent)."""
         head = getattr(self.tensors, "header", None)

@@ -48,8 +48,6 @@ class CheckpointSummary:
 
 def describe(path: str | os.PathLike, *, storage_options: dict | None = None) -> CheckpointSummary:
     """Summarize a committed checkpoint from its manifest alone (no tensor bytes are read)."""
-    from ucp.manifest import FORMAT_VERSION
-
     manifest = read_manifest(find_manifest(os.fspath(path), storage_options=storage_options))
     tensors = tuple(
         TensorSummary(name, t.dtype, t.shape, len(t.fragments), t.nbytes, tuple(sorted({f.rank for f in t.fragments})))
@@ -58,7 +56,7 @@ def describe(path: str | os.PathLike, *, storage_options: dict | None = None) ->
     state = manifest.states.get(0, next(iter(manifest.states.values()), None))
     return CheckpointSummary(
         path=os.fspath(path),
-        format_version=FORMAT_VERSION,
+        format_version=manifest.format_version,
         created=manifest.created,
         world_size=manifest.world_size,
         layout=str(Layout.from_dict(manifest.layout)) if manifest.layout else None,

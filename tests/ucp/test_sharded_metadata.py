@@ -143,6 +143,10 @@ def test_five_ranks_write_two_shards_and_a_root(saved):
         assert not (saved / name).exists()
     assert sorted(os.listdir(saved)) == ["good"]  # no staging left behind
     assert ucp.verify(saved / "good").ok
+    from ucp.summary import describe
+
+    summary = describe(saved / "good")  # ucp inspect
+    assert summary.format_version == 2 and summary.world_size == 5 and len(summary.tensors) == 3
 
 
 @needs_processes

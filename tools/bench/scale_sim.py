@@ -235,7 +235,13 @@ def sharded_sizes(holders: dict[str, list[int]], logical: dict, source: Layout, 
                           "xxh3_64": "0" * 16}, separators=(",", ":"))) + 1
     root = len(json.dumps({n: {"dtype": t.dtype, "shape": list(t.shape), "shards": [abs(g) for g in holders.get(n, [])]}
                            for n, t in logical.items()}, separators=(",", ":"))) + plan.count * ref + 300
-    shard = int(plan.size * sum(s.bytes + s.state_bytes for s in sampled) / len(sampled))
+    # A shard holds its ranks' fragments and their state trees, data-parallel replicas' equal trees
+    # written once ({"$same_as": rank}): one per distinct (tp, cp, pp) coordinate among its ranks.
+    distinct = max(len({(c.tp, c.cp, c.pp) for c in map(source.coords, plan.ranks(g))})
+                   for g in {0, plan.count // 2, plan.count - 1})
+    tree = sum(s.state_bytes for s in sampled) / len(sampled)
+    shard = int(plan.size * sum(s.bytes for s in sampled) / len(sampled) + distinct * tree
+                + (plan.size - distinct) * 24)
     reads = [len({g for n in names for g in holders.get(n, ())}) for names in loading]
     summary = summary_bytes(holders, logical, source, sampled)
     return {"groups": plan.count, "group_ranks": plan.size, "root_bytes": root, "shard_bytes_mean": shard,
