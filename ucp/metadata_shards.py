@@ -75,7 +75,7 @@ class GroupSummary:
     cover: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (elements, weight)
     replicas: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)  # (name, region) -> digest, rank
     shard: dict | None = None  # ShardRef.to_dict() once written
-    check_error: UcpError | None = None  # a failed check of the group, raised as is on every rank
+    check_error: Exception | None = None  # a failed check or shard write, raised as is on every rank
 
 
 def write_group_shard(parts: list[dict], *, index: int, ranks: range, seed: str, key_prefix: str,
@@ -112,7 +112,7 @@ def write_group_shard(parts: list[dict], *, index: int, ranks: range, seed: str,
         key = shard_key(key_prefix, index)
         write(key, data)
         summary.shard = ShardRef(key, ranks.start, ranks.stop, len(data), _checksum.digest(data)).to_dict()
-    except UcpError as err:
+    except Exception as err:  # noqa: BLE001 - a failed check or write must reach rank 0, or it waits forever
         summary.check_error = err
         summary.logical, summary.cover, summary.replicas = {}, {}, {}
     return summary

@@ -304,3 +304,17 @@ def test_coverage_weights_of_any_flat_partition_add_up_and_a_shifted_piece_does_
         i = data.draw(st.sampled_from(movable))
         moved = ranges[:i] + [FlatRange(ranges[i].start - 1, ranges[i].stop - 1)] + ranges[i + 1:]
         assert sum(w.weight(r, shape) for r in moved) % PRIME != w.whole(shape)
+
+
+def test_a_shard_that_cannot_be_written_fails_the_save_instead_of_hanging_rank_0():
+    """The leader's error travels in its summary: rank 0 raises it (and tells every rank) instead of waiting."""
+    plan = GroupPlan(2)
+    parts = [_part(r, 2, "t", (4,), Box((2 * r,), (2,))) for r in range(2)]
+
+    def full_disk(key, data):
+        raise OSError(28, "No space left on device")
+
+    summaries = [write_group_shard([parts[r] for r in plan.ranks(g)], index=g, ranks=plan.ranks(g), seed="s",
+                                   key_prefix="", write=full_disk) for g in range(plan.count)]
+    with pytest.raises(OSError, match="No space left on device"):
+        root_manifest(summaries, parts[0], seed="s", world_size=2, created=None)
