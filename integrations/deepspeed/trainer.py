@@ -28,11 +28,10 @@ import ucp
 from integrations.llama.config import LlamaConfig
 from integrations.llama.data import SyntheticCorpus, local_batch
 from integrations.llama.model import build_model, token_loss_sum
-from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, global_loss, global_tokens,
+from integrations.stacks.common import (CheckpointSaving, plan_program_load, STATES, Progress, TrainSettings, fresh_adam_state, global_loss, global_tokens,
                                         make_adam)
 from ucp.errors import LayoutError
 from ucp.layout import Layout
-from ucp.reader import CheckpointReader
 from ucp.spec import LogicalTensor
 
 __all__ = ["DeepSpeedTrainer", "import_deepspeed"]
@@ -52,7 +51,7 @@ def import_deepspeed():
     return deepspeed
 
 
-class DeepSpeedTrainer:
+class DeepSpeedTrainer(CheckpointSaving):
     """One rank of a DeepSpeed ZeRO run (see the module doc). ``universal=True`` configures the engine
     to load DeepSpeed universal checkpoints; ``init=False`` skips drawing the initial weights."""
 
@@ -137,18 +136,9 @@ class DeepSpeedTrainer:
         return state, {"program": self.program(states), "layout": self.layout,
                        "process_group": dist.group.WORLD, "logical": logical}
 
-    def save(self, path: str) -> ucp.SaveResult:
-        state, options = self.checkpoint_state()
-        return ucp.save(state, path, **options)
-
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's partitions; returns its progress."""
-        with CheckpointReader(path) as reader:
-            logical = reader.logical()
-        has_masters = any(name.endswith("/fp32") for name in logical)
-        states = ("fp32", *STATES) if has_masters else STATES
-        fmap = ucl.spec_for_load(self.program(states), self.layout, self.rank, logical)
-        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+        has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank)
         tree = ucp.load(path, into=into, spec=fmap)
         with torch.no_grad():
             if self.layout.zero == 3:

@@ -18,7 +18,6 @@ import fnmatch
 import torch
 import torch.distributed as dist
 
-import ucl
 import ucp
 from integrations.llama.config import ConfigError, LlamaConfig
 from integrations.llama.context_parallel import context_parallel_attention
@@ -30,11 +29,10 @@ from integrations.megatron.model import GPTStage
 from integrations.megatron.optimizer import DistributedAdam, ReplicatedAdam
 from integrations.megatron.pipeline import run_gpipe
 from integrations.megatron.sharding import local_shards, pieces_of, shards_from_logical
-from integrations.stacks.common import (STATES, Progress, TrainSettings, assemble, gather_to_rank0, global_loss,
+from integrations.stacks.common import (CheckpointSaving, plan_program_load, STATES, Progress, TrainSettings, assemble, gather_to_rank0, global_loss,
                                         global_tokens)
 from ucp.errors import LayoutError
 from ucp.layout import Layout
-from ucp.reader import CheckpointReader
 
 __all__ = ["MegatronTrainer"]
 
@@ -45,7 +43,7 @@ def _natural(key: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
 
 
-class MegatronTrainer:
+class MegatronTrainer(CheckpointSaving):
     """One rank of a Megatron-style run (see the module doc). ``init=False`` skips drawing the initial
     weights, for a rank that loads a checkpoint right away."""
 
@@ -174,19 +172,9 @@ class MegatronTrainer:
         return state, {"program": self.program(self._states()), "layout": self.layout,
                        "process_group": dist.group.WORLD}
 
-    def save(self, path: str) -> ucp.SaveResult:
-        state, options = self.checkpoint_state()
-        return ucp.save(state, path, **options)
-
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""
-        with CheckpointReader(path) as reader:
-            logical = reader.logical()
-        has_masters = any(name.endswith("/fp32") for name in logical)
-        states = ("fp32", *STATES) if has_masters else STATES
-        program = self.program(states)
-        fmap = ucl.spec_for_load(program, self.layout, self.rank, logical)
-        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+        has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank)
         tree = ucp.load(path, into=into, spec=fmap)
         with torch.no_grad():
             for key, param in self.params.items():

@@ -25,7 +25,7 @@ from integrations.llama.data import SyntheticCorpus, local_batch
 from integrations.llama.context_parallel import context_parallel_attention
 from integrations.llama.model import build_model, keep_stage, token_loss_sum
 from integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh, cp_group
-from integrations.stacks.common import (STATES, Progress, TrainSettings, fresh_adam_state, gather_to_rank0, global_loss,
+from integrations.stacks.common import (CheckpointSaving, STATES, Progress, TrainSettings, fresh_adam_state, gather_to_rank0, global_loss,
                                         global_tokens, make_adam, master_name)
 from integrations.stacks.fragments import box_fragment_map, dtensor_box
 from ucp.errors import LayoutError
@@ -52,7 +52,7 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if type(tensor).__name__ == "DTensor" else tensor
 
 
-class NativeTrainer:
+class NativeTrainer(CheckpointSaving):
     """One rank of a torch-native run (see the module doc). ``init=False`` skips drawing the initial
     weights, for a rank that loads a checkpoint right away."""
 
@@ -170,10 +170,6 @@ class NativeTrainer:
             self._fmap = box_fragment_map(local, logical)
         state.update(self.progress.to_tree(rank=self.rank, run=self.run_info()))
         return state, {"spec": self._fmap, "process_group": dist.group.WORLD}
-
-    def save(self, path: str) -> ucp.SaveResult:
-        state, options = self.checkpoint_state()
-        return ucp.save(state, path, **options)
 
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""

@@ -154,3 +154,32 @@ def gather_to_rank0(obj: Any) -> list | None:
     out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(obj, out, dst=0)
     return out
+
+
+class CheckpointSaving:
+    """``save(path)`` for a trainer whose ``checkpoint_state()`` gives ``(state, ucp.save options)``."""
+
+    def save(self, path: str):
+        import ucp
+
+        state, options = self.checkpoint_state()
+        return ucp.save(state, path, **options)
+
+
+def plan_program_load(path: str, program_for, layout, rank: int) -> tuple[bool, Any, dict[str, torch.Tensor]]:
+    """Plan a UCL load of a checkpoint of any stack into one rank of ``layout``.
+
+    Returns whether the checkpoint holds fp32 masters (a run that trained in fp32 has none), the
+    rank's fragment map from ``program_for(states)``, and zeroed local tensors to load into.
+    Reads only the checkpoint's root metadata to decide.
+    """
+    import ucl
+    from ucp.reader import CheckpointReader
+
+    with CheckpointReader(path) as reader:
+        logical = reader.logical()
+    has_masters = any(name.endswith("/fp32") for name in logical)
+    states = ("fp32", *STATES) if has_masters else STATES
+    fmap = ucl.spec_for_load(program_for(states), layout, rank, logical)
+    into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+    return has_masters, fmap, into
