@@ -205,3 +205,25 @@ def test_an_overwrite_on_a_marker_store_keeps_the_old_checkpoint_until_it_commit
     fs, root = fsspec.core.url_to_fs(path)
     assert len(fs.ls(f"{root}/data", detail=False)) == 1  # the old arrays are gone after the commit
     assert ucp.verify(path).ok
+
+
+def test_an_overwrite_on_a_marker_store_leaves_a_concurrent_overwrite_save_whole(tmp_path):
+    from tests.ucp.overwrite_race import check_concurrent_overwrites
+
+    check_concurrent_overwrites(f"memory://both-{tmp_path.name}/c")
+
+
+def test_an_overwrite_removes_exactly_the_entries_the_replaced_manifest_names():
+    from ucp.stores.occupancy import array_entries
+
+    golden = REPO / "tests" / "ucp" / "golden"
+    assert array_entries((golden / "manifest.json").read_bytes()) == {"r0"}
+    # A format-2 root without a token: its shards under data/meta, its arrays under data/r<rank>.
+    assert array_entries((golden / "sharded-root.json").read_bytes()) == {"meta", "r0", "r1", "r2", "r3", "r4"}
+    root = json.loads((golden / "sharded-root.json").read_bytes())
+    for shard in root["shards"]:
+        shard["key"] = shard["key"].replace("data/", "data/5f2a0c1e9b7d/")
+    assert array_entries(json.dumps(root).encode()) == {"5f2a0c1e9b7d"}
+    hostile = {"format_version": 1, "tensors": {"w": {"fragments": [{"key": "../../elsewhere"}, {"key": "a/b"}]}}}
+    assert array_entries(json.dumps(hostile).encode()) == {"a"}  # never a name that leaves data/
+    assert array_entries(b"not json") == set() and array_entries(b'{"format_version": 2}') == set()

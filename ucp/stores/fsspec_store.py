@@ -33,10 +33,10 @@ import tensorstore as ts
 
 from ucp.errors import StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
-from ucp.manifest import DATA_DIR, MANIFEST_NAME
+from ucp.manifest import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
-from ucp.stores.occupancy import exists_error
+from ucp.stores.occupancy import PARTS_DIR, array_entries, exists_error
 from ucp.stores.options import StoreOptions
 from ucp.stores.tensorstore_arrays import TensorstoreArrays
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
@@ -169,15 +169,15 @@ class FsspecStore(BaseStore):
     def commit(self, staged: "FsspecStore", manifest: bytes, *, overwrite: bool, key_prefix: str) -> None:
         """Write the manifest (the commit marker); without overwrite, only if none is there yet."""
         if overwrite:
+            # Only the arrays of the checkpoint this manifest replaces become garbage; any other
+            # prefix under data/ may be a concurrent save that has not committed yet.
+            replaced = self._committed_entries() - {key_prefix.rstrip("/")} if key_prefix else set()
             self.write_bytes(MANIFEST_NAME, manifest)  # one object replaced: old or new, never neither
-            if key_prefix:  # now the old checkpoint's arrays (any other prefix) are garbage
-                own = key_prefix.rstrip("/")
-                for entry in self.listdir(DATA_DIR):
-                    if entry != own:
-                        try:
-                            self.remove(DATA_DIR, entry)
-                        except OSError:
-                            pass  # left as garbage; readers only follow the manifest
+            for entry in sorted(replaced):
+                try:
+                    self.remove(DATA_DIR, entry)
+                except OSError:
+                    pass  # left as garbage; readers only follow the manifest
             return
         try:  # atomic against a concurrent commit where the store offers it
             if self.create_exclusive(MANIFEST_NAME, manifest):
@@ -188,14 +188,31 @@ class FsspecStore(BaseStore):
             raise exists_error(self)
         self.write_bytes(MANIFEST_NAME, manifest)
 
+    def _committed_entries(self) -> set[str]:
+        """The entries of ``data/`` the committed manifest's arrays live in (none without one)."""
+        try:
+            data = self.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES, allowed="a manifest may hold")
+        except (FileNotFoundError, UnsafePathError):
+            return set()
+        return array_entries(data)
+
     def discard(self, staged: "FsspecStore", key_prefix: str) -> None:
         if key_prefix:
             staged.remove(DATA_DIR, key_prefix.rstrip("/"))
 
     def delete(self) -> None:
-        """The manifest goes first: a failure part-way never leaves something that looks complete."""
+        """The manifest goes first: a failure part-way never leaves something that looks complete.
+
+        Then only the arrays that manifest names: another save to this path may be writing under
+        its own prefix. The root goes once nothing else is left in it (or when the manifest
+        named nothing readable, as before).
+        """
+        entries = self._committed_entries()
         self.remove(MANIFEST_NAME)
-        self.remove()
+        for entry in sorted(entries):
+            self.remove(DATA_DIR, entry)
+        if not entries or not (self.listdir(DATA_DIR) or self.listdir(PARTS_DIR)):
+            self.remove()
 
     def unfinished_save(self) -> str | None:
         return self._never_committed() if self._has_save_traces() else None

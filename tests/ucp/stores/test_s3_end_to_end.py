@@ -109,3 +109,10 @@ def test_checkpoint_manager_on_s3(s3):
     into = {"w": torch.empty(40, 6), "step": -1}
     assert CheckpointManager(directory, save_options={"storage_options": so}).restore(into=into) == 4
     assert into["step"] == 4 and torch.equal(into["w"], torch.full((40, 6), 4.0))
+
+
+def test_an_overwrite_leaves_a_concurrent_overwrite_save_whole(s3):
+    from tests.ucp.overwrite_race import check_concurrent_overwrites
+
+    bucket, so = s3
+    check_concurrent_overwrites(f"{bucket}/run/step_1", so)

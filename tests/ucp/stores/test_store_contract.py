@@ -3,6 +3,8 @@ S3 server) passes the same tests of bytes, arrays, errors and its commit strateg
 
 from __future__ import annotations
 
+import json
+
 import threading
 import uuid
 
@@ -133,26 +135,39 @@ def _save(store: Store, token: str, payload: bytes) -> tuple[Store, str]:
     return staged, prefix
 
 
+def _manifest(prefix: str, m: int) -> bytes:
+    """A manifest naming the array ``data/<prefix>r0/x`` (an overwrite removes what the replaced one names)."""
+    return json.dumps({"m": m, "format_version": 1,
+                       "tensors": {"x": {"fragments": [{"key": f"{prefix}r0/x"}]}}}).encode()
+
+
 def test_commit_makes_the_checkpoint_exist_and_never_replaces_unasked(make):
     final = make("ckpt")
     staged, prefix = _save(final, "one", b"first")
     assert not final.exists("manifest.json")
-    final.commit(staged, b'{"m": 1}', overwrite=False, key_prefix=prefix)
-    assert final.read_bytes("manifest.json") == b'{"m": 1}'
+    final.commit(staged, _manifest(prefix, 1), overwrite=False, key_prefix=prefix)
+    assert final.read_bytes("manifest.json") == _manifest(prefix, 1)
     assert final.read_bytes("data", f"{prefix}r0", "x") == b"first"
     staged, prefix2 = _save(final, "two", b"second")
     with pytest.raises(CheckpointExistsError) as err:
         final.commit(staged, b'{"m": 2}', overwrite=False, key_prefix=prefix2)
     assert str(err.value) == (f"a checkpoint already exists at {final.display()}; pass overwrite=True to replace it "
                               "or save to a new path")
-    assert final.read_bytes("manifest.json") == b'{"m": 1}'
+    assert final.read_bytes("manifest.json") == _manifest(prefix, 1)
     final.discard(staged, prefix2)
     staged, prefix3 = _save(final, "three", b"third")
-    final.commit(staged, b'{"m": 3}', overwrite=True, key_prefix=prefix3)
-    assert final.read_bytes("manifest.json") == b'{"m": 3}'
+    pending, prefix4 = _save(final, "four", b"fourth")  # another overwrite, still writing
+    final.commit(staged, _manifest(prefix3, 3), overwrite=True, key_prefix=prefix3)
+    assert final.read_bytes("manifest.json") == _manifest(prefix3, 3)
     assert final.read_bytes("data", f"{prefix3}r0", "x") == b"third"
+    assert pending.read_bytes("data", f"{prefix4}r0", "x") == b"fourth"  # not the replaced checkpoint's
+    final.discard(pending, prefix4)
     assert final.listdir("data") == [f"{prefix3}r0" if not prefix3 else prefix3.rstrip("/")]  # the old arrays went
+    pending, prefix5 = _save(final, "five", b"fifth")  # a save to the same path, still writing
     final.delete()
+    assert not final.exists("manifest.json")
+    assert pending.read_bytes("data", f"{prefix5}r0", "x") == b"fifth"  # only the deleted checkpoint's arrays went
+    final.discard(pending, prefix5)
     assert not final.exists("manifest.json") and final.unfinished_save() is None
 
 
