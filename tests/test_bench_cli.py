@@ -4,21 +4,41 @@ import json
 
 from tools.cli import main
 
-METHODS = {"raw", "torch.save", "dcp", "ucp", "ucp-nocrc", "memcpy", "ucp-async-blocking", "ucp-async-total"}
+METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "memcpy", "ucp-async-blocking",
+           "ucp-async-total"}
 
 
 def test_bench_smoke_json(tmp_path, capsys):
-    code = main(["bench", "--size-gib", "0.002", "--dirs", str(tmp_path / "b"), "--repeats", "1", "--no-rss", "--json"])
+    code = main(["bench", "--size-gib", "0.002", "--dirs", str(tmp_path / "b"), "--repeats", "1", "--no-rss", "--no-cold-start",
+                 "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["state_bytes"] >= 0.002 * 2**30 * 0.9 and report["tensors"] > 100
     assert {t["method"] for t in report["timings"]} == METHODS
     for timing in report["timings"]:
         assert timing["save_s"] > 0, timing
-        if timing["method"] in {"raw", "torch.save", "dcp", "ucp", "ucp-nocrc"}:
+        if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc"}:
             assert timing["load_s"] > 0, timing
 
 
 def test_bench_rejects_bad_size(capsys):
     assert main(["bench", "--size-gib", "0"]) == 2
     assert "--size-gib must be a positive number" in capsys.readouterr().err
+
+
+def test_cold_start_probe_times_a_first_and_a_warm_save_and_load(tmp_path, capsys):
+    from tools.bench.cold_start import main as probe
+
+    assert probe(["0.001", str(tmp_path)]) == 0
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(found["first"]) == len(found["warm"]) == 2 and min(found["first"] + found["warm"]) > 0
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_the_order_of_the_methods_rotates_every_repeat(tmp_path):
+    from tools.bench.core_bench import run_benchmark
+
+    report = run_benchmark(size_gib=0.0005, dirs=[tmp_path / "b"], repeats=3, methods=["raw", "torch.save", "ucp"],
+                           measure_rss=False, cold_start=False)
+    firsts = [t.method for t in report.timings if t.method in ("raw", "torch.save", "ucp")][::3]
+    assert firsts == ["raw", "torch.save", "ucp"]

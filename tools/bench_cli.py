@@ -1,4 +1,4 @@
-"""``ucp bench``: save/load throughput of ucp against torch.save, DCP and a raw write.
+"""``ucp bench``: save/load throughput of ucp against DCP, safetensors, torch.save, a raw write and a memory copy.
 
 A thin wrapper over :func:`tools.bench.core_bench.run_benchmark`.
 
@@ -21,11 +21,14 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark checkpoint save/load against torch.save, DCP and a raw write",
+        help="benchmark checkpoint save/load against DCP, safetensors, torch.save and a raw write",
         description=(
             "Save and load one state dict (large matrices + hundreds of small vectors, float32/bf16) "
-            "with ucp, torch.save, torch.distributed.checkpoint and a raw numpy write, in one run, "
-            "on each directory; print the best (or median) of the repeats and ratios against the targets."
+            "with ucp, torch.distributed.checkpoint (thread_count = cores), safetensors, torch.save and a raw "
+            "numpy write, in one run, on each directory, interleaved with the order rotated every repeat; "
+            "file pages are dropped from the cache before each load (posix_fadvise DONTNEED; with "
+            "--drop-caches also /proc/sys/vm/drop_caches, as root); a fresh process's first save/load is compared with "
+            "warm ones. Prints the median (min-max) of the repeats and ratios against the targets."
         ),
     )
     parser.add_argument("--size-gib", type=float, default=1.0, help="state size in GiB (default 1.0)")
@@ -34,14 +37,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="comma-separated directories to benchmark on (default: the system temp dir and /dev/shm)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="repeats per method (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per method (default 5)")
     parser.add_argument(
         "--stat",
         choices=("min", "median"),
-        default="min",
-        help="statistic of the repeats for tables and ratios: min (best; default: interference only adds time) or median",
+        default="median",
+        help="statistic of the repeats for tables and ratios: median (default) or min (best)",
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probes (fresh subprocesses)")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="also empty the whole page cache (/proc/sys/vm/drop_caches, root) before each load")
+    parser.add_argument("--no-cold-start", action="store_true",
+                        help="skip the first-save/load-in-a-fresh-process probes (fresh subprocesses)")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.set_defaults(func=run)
 
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             dirs=dirs,
             repeats=args.repeats,
             measure_rss=not args.no_rss,
+            cold_start=not args.no_cold_start,
+            drop_caches=args.drop_caches,
             statistic=args.stat,
             progress=lambda msg: status.update(msg),
         )

@@ -1,19 +1,23 @@
-"""The checkpoint benchmark: ucp against torch.save, torch.distributed.checkpoint and a raw write.
+"""The checkpoint benchmark: ucp against DCP, safetensors, torch.save, a raw write and a memory copy.
 
 One state (a few large matrices and hundreds of small vectors, float32 and
 bfloat16) is saved and loaded by every method in the same run, on each target
-directory, repeated and interleaved so that drift in the machine hits every
-method alike; the best (default) or the median of the repeats is reported:
-on a shared machine interference only ever adds time, so the best repeat is
-the steadiest estimate of each method's own cost. Saves end with fsync
-(every method); after a save the written files are dropped from the page
-cache with ``posix_fadvise(DONTNEED)`` so loads read the disk where the kernel
-honours it (on tmpfs such as /dev/shm the memory *is* the storage).
+directory, repeated and interleaved, and the order of the methods rotates from
+one repeat to the next, so that drift in the machine and the cost of going
+first hit every method alike. Tables report the median of the repeats with
+their min-max range. Saves end with fsync (every method). Before each load the
+written files are dropped from the page cache: ``posix_fadvise(DONTNEED)`` on
+every file (after an ``fdatasync``), and with ``drop_caches=True`` also
+``echo 1 > /proc/sys/vm/drop_caches`` where this process may write it (root);
+which one ran is said in the notes. On tmpfs (/dev/shm) the memory *is* the storage: there the
+peer is a ``copy_`` of the state into existing host memory. DCP runs with
+``thread_count`` equal to the cores. A fresh process's first save and load are
+measured against warm ones in the same process (:mod:`tools.bench.cold_start`).
 
 Example::
 
     report = run_benchmark(size_gib=0.05, dirs=[Path("/tmp/b")], repeats=1)
-    print(report.ratio("save", "ucp", "dcp", "/tmp/b"))
+    print(report.ratio("save", "ucp", ("dcp",), "/tmp/b"))
 """
 
 from __future__ import annotations
@@ -85,18 +89,48 @@ def state_nbytes(state: dict[str, torch.Tensor]) -> int:
 
 
 # --------------------------------------------------------------------------- helpers
-def drop_from_page_cache(path: Path) -> None:
-    """Ask the kernel to forget cached pages of every file under ``path`` (best effort)."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def drop_from_page_cache(path: Path, *, everything: bool = False) -> str:
+    """Ask the kernel to forget cached pages of every file under ``path``; how it was done.
+
+    ``posix_fadvise(DONTNEED)`` per file always (where the OS has it); with ``everything``
+    the global ``/proc/sys/vm/drop_caches`` as well, when this process may write it (it
+    empties the whole machine's cache: unkind on a shared machine, hence opt-in).
+    """
+    how = []
+    if hasattr(os, "posix_fadvise"):
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        for file in files:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)  # dirty pages cannot be dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        how.append("posix_fadvise(DONTNEED) per file")
+    try:
+        if not everything:
+            raise PermissionError
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("1\n")
+        how.append("/proc/sys/vm/drop_caches")
+    except OSError:
+        pass  # not root, or a read-only /proc/sys (a container)
+    return " + ".join(how) or "nothing (no posix_fadvise, no drop_caches)"
+
+
+def on_tmpfs(path: Path) -> bool:
+    """Whether ``path`` lives on a memory file system (tmpfs, ramfs): there a memory copy is the floor."""
+    best, kind = "", ""
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and str(path.resolve()).startswith(fields[1]) and len(fields[1]) > len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        return False
+    return kind in ("tmpfs", "ramfs")
 
 
 def _remove(path: Path) -> None:
@@ -144,11 +178,29 @@ def _torch_load(path: Path, template: dict[str, torch.Tensor]) -> object:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _safetensors_save(state: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(state, str(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _safetensors_load(path: Path, template: dict[str, torch.Tensor]) -> object:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
 def _dcp_save(state: dict[str, torch.Tensor], path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    # Defaults of FileSystemWriter (sync_files=True: fsync), single process, no group.
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
+    # Tuned: one writer thread per core (the default is 1); sync_files=True (fsync), no group.
+    writer = dcp.FileSystemWriter(str(path), thread_count=os.cpu_count() or 1)
+    dcp.save(state, storage_writer=writer, no_dist=True)
 
 
 def _dcp_load(path: Path, template: dict[str, torch.Tensor]) -> None:
@@ -175,6 +227,7 @@ def _ucp_load(path: Path, template: dict[str, torch.Tensor]) -> object:
 METHODS: dict[str, Method] = {
     "raw": Method("raw", _raw_save, _raw_load),
     "torch.save": Method("torch.save", _torch_save, _torch_load),
+    "safetensors": Method("safetensors", _safetensors_save, _safetensors_load),
     "dcp": Method("dcp", _dcp_save, _dcp_load),
     "ucp": Method("ucp", _ucp_save(True), _ucp_load),
     "ucp-nocrc": Method("ucp-nocrc", _ucp_save(False), _ucp_load),
@@ -192,24 +245,37 @@ class Timing:
 
 @dataclass(frozen=True)
 class Target:
-    """A goal: ``metric`` of ucp over the peer's must be at most ``limit``."""
+    """A goal: ``metric`` of ``ours`` over the best (lowest) of ``peers`` must be at most ``limit``.
+
+    ``where``: "disk", "memory" (tmpfs) or "any" - the directories it applies to.
+    """
 
     label: str
     metric: str
     ours: str
-    peer: str
+    peers: tuple[str, ...]
     limit: float
+    where: str = "any"
 
 
+SAVE_PEERS = ("dcp", "safetensors", "torch.save")
 TARGETS = (
-    Target("save vs DCP", "save", "ucp", "dcp", 1.1),
-    Target("save vs raw", "save", "ucp", "raw", 1.2),
-    Target("save vs torch.save", "save", "ucp", "torch.save", float("inf")),
-    Target("load vs DCP", "load", "ucp", "dcp", 1.0),
-    Target("load vs torch.load", "load", "ucp", "torch.save", float("inf")),
-    Target("checksum cost (save)", "save", "ucp", "ucp-nocrc", 1.10),
-    Target("async blocking / sync save", "save", "ucp-async-blocking", "ucp", 0.15),
-    Target("async blocking / memcpy of the state", "save", "ucp-async-blocking", "memcpy", float("inf")),
+    Target("save vs best of DCP/safetensors/torch.save", "save", "ucp", SAVE_PEERS, 0.8, "disk"),
+    Target("cold load vs DCP", "load", "ucp", ("dcp",), 0.8, "disk"),
+    Target("save vs copy_ into host memory", "save", "ucp", ("memcpy",), 2.0, "memory"),
+    Target("load vs copy_ into host memory", "load", "ucp", ("memcpy",), 2.0, "memory"),
+    Target("save vs DCP", "save", "ucp", ("dcp",), float("inf")),
+    Target("save vs safetensors", "save", "ucp", ("safetensors",), float("inf")),
+    Target("save vs torch.save", "save", "ucp", ("torch.save",), float("inf")),
+    Target("load vs DCP", "load", "ucp", ("dcp",), float("inf"), "memory"),
+    Target("load vs safetensors", "load", "ucp", ("safetensors",), float("inf")),
+    Target("load vs torch.load", "load", "ucp", ("torch.save",), float("inf")),
+    Target("save vs raw write", "save", "ucp", ("raw",), float("inf")),
+    Target("first save in a fresh process / warm", "save", "ucp-first", ("ucp-warm",), 1.3),
+    Target("first load in a fresh process / warm", "load", "ucp-first", ("ucp-warm",), 1.3),
+    Target("checksum cost (save)", "save", "ucp", ("ucp-nocrc",), 1.10),
+    Target("async blocking / sync save", "save", "ucp-async-blocking", ("ucp",), 0.15),
+    Target("async blocking / memcpy of the state", "save", "ucp-async-blocking", ("memcpy",), float("inf")),
 )
 
 
@@ -220,25 +286,34 @@ class BenchReport:
     state_bytes: int
     tensors: int
     repeats: int
-    statistic: str = "min"  # what tables and ratios use: "min" (best of the repeats) or "median"
+    statistic: str = "median"  # what tables and ratios use: "median" of the repeats, or "min" (best)
     timings: list[Timing] = field(default_factory=list)
     extra_rss_fraction: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    memory_dirs: list[str] = field(default_factory=list)  # the directories on tmpfs
+
+    def values(self, metric: str, method: str, directory: str) -> list[float]:
+        return [getattr(t, f"{metric}_s") for t in self.timings
+                if t.method == method and t.directory == directory and getattr(t, f"{metric}_s") is not None]
 
     def value(self, metric: str, method: str, directory: str, statistic: str | None = None) -> float | None:
-        """``statistic`` (default: the report's, "min" or "median") of one method's repeats."""
-        values = [
-            getattr(t, f"{metric}_s")
-            for t in self.timings
-            if t.method == method and t.directory == directory and getattr(t, f"{metric}_s") is not None
-        ]
+        """``statistic`` (default: the report's: "median", "min" or "max") of one method's repeats."""
+        values = self.values(metric, method, directory)
         if not values:
             return None
-        return min(values) if (statistic or self.statistic) == "min" else statistics.median(values)
+        how = statistic or self.statistic
+        return min(values) if how == "min" else max(values) if how == "max" else statistics.median(values)
 
-    def ratio(self, metric: str, ours: str, peer: str, directory: str) -> float | None:
-        a, b = self.value(metric, ours, directory), self.value(metric, peer, directory)
-        return None if a is None or not b else a / b
+    def ratio(self, metric: str, ours: str, peers: str | Sequence[str], directory: str) -> float | None:
+        """``ours`` over the best of ``peers`` (those measured) on ``directory``."""
+        a = self.value(metric, ours, directory)
+        found = [v for v in (self.value(metric, p, directory) for p in ((peers,) if isinstance(peers, str) else peers))
+                 if v]
+        return None if a is None or not found else a / min(found)
+
+    def applies(self, target: "Target", directory: str) -> bool:
+        kind = "memory" if directory in self.memory_dirs else "disk"
+        return target.where in ("any", kind)
 
     def directories(self) -> list[str]:
         return list(dict.fromkeys(t.directory for t in self.timings))
@@ -248,7 +323,7 @@ class BenchReport:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for statistic in ("min", "median"):
+        for statistic in ("min", "median", "max"):
             out[statistic] = {
                 d: {
                     m: {"save_s": self.value("save", m, d, statistic), "load_s": self.value("load", m, d, statistic)}
@@ -259,10 +334,10 @@ class BenchReport:
         out["ratios"] = {
             d: {
                 t.label: {
-                    "ratio": self.ratio(t.metric, t.ours, t.peer, d),
+                    "ratio": self.ratio(t.metric, t.ours, t.peers, d),
                     "target": None if math.isinf(t.limit) else t.limit,
                 }
-                for t in TARGETS
+                for t in TARGETS if self.applies(t, d)
             }
             for d in self.directories()
         }
@@ -311,13 +386,15 @@ def run_benchmark(
     *,
     size_gib: float = 1.0,
     dirs: Sequence[Path],
-    repeats: int = 3,
+    repeats: int = 5,
     methods: Sequence[str] | None = None,
     measure_rss: bool = True,
-    statistic: str = "min",
+    cold_start: bool = True,
+    drop_caches: bool = False,
+    statistic: str = "median",
     progress: Callable[[str], None] | None = None,
 ) -> BenchReport:
-    """Run every method on every directory ``repeats`` times, interleaved; see the module docstring."""
+    """Run every method on every directory ``repeats`` times, interleaved and rotated; see the module docstring."""
     recipe = StateRecipe(size_gib=size_gib)
     state = build_state(recipe)
     template = {k: torch.empty_like(v) for k, v in state.items()}
@@ -335,17 +412,22 @@ def run_benchmark(
 
         saver = AsyncSaver()
     say = progress or (lambda _msg: None)
+    dropped = set()
     for directory in dirs:
         directory.mkdir(parents=True, exist_ok=True)
+        if on_tmpfs(directory):
+            report.memory_dirs.append(str(directory))
         work = Path(tempfile.mkdtemp(prefix="ucp-bench-", dir=directory))
         try:
             for rep in range(repeats):
-                for name in names:
+                # Rotated: each method goes first (right after the previous repeat's cleanup) in turn.
+                order = names[rep % len(names):] + names[: rep % len(names)]
+                for name in order:
                     method = METHODS[name]
                     target = work / f"{name}-{rep}"
                     say(f"{directory} · {name} · save {rep + 1}/{repeats}")
                     save_s, _ = _time(lambda: method.save(state, target))
-                    drop_from_page_cache(target)
+                    dropped.add(drop_from_page_cache(target, everything=drop_caches))
                     say(f"{directory} · {name} · load {rep + 1}/{repeats}")
                     load_s, loaded = _time(lambda: method.load(target, template))
                     del loaded
@@ -354,7 +436,7 @@ def run_benchmark(
                 # The floor of any snapshot: copying the state into memory that already exists.
                 copy_s = min(_time(lambda: [template[k].copy_(v) for k, v in state.items()])[0],
                              _time(lambda: _numpy_copy(state, template))[0])
-                report.timings.append(Timing("memcpy", str(directory), copy_s, None))
+                report.timings.append(Timing("memcpy", str(directory), copy_s, copy_s))
                 if saver is not None:
                     target = work / f"ucp-async-{rep}"
                     say(f"{directory} · ucp async · save {rep + 1}/{repeats}")
@@ -362,6 +444,13 @@ def run_benchmark(
                     report.timings.append(Timing("ucp-async-blocking", str(directory), blocked, None))
                     report.timings.append(Timing("ucp-async-total", str(directory), total, None))
                     _remove(target)
+            if cold_start and have_ucp and "ucp" in names:
+                from tools.bench.cold_start import measure_cold_start
+
+                say(f"{directory} · ucp first save/load in fresh processes")
+                for first, warm in measure_cold_start(size_gib=size_gib, directory=work, runs=min(repeats, 3)):
+                    report.timings.append(Timing("ucp-first", str(directory), *first))
+                    report.timings.append(Timing("ucp-warm", str(directory), *warm))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     del state, template
@@ -372,8 +461,9 @@ def run_benchmark(
             say(f"peak RSS of a {name} save (fresh process)")
             report.extra_rss_fraction[name] = measure_extra_rss(name, size_gib=size_gib, directory=rss_dir)
     report.notes.append(
-        "saves fsync every file; loads read after posix_fadvise(DONTNEED) of the written files "
-        "(honoured on disk filesystems, meaningless on tmpfs)"
+        "saves fsync every file; before each load the written files were dropped from the page cache by "
+        + " / ".join(sorted(dropped)) + " (meaningless on tmpfs, where the memory is the storage); "
+        "method order rotates every repeat; DCP runs with thread_count = cores"
     )
     return report
 

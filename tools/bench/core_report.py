@@ -26,6 +26,14 @@ def _fmt_rate(nbytes: int, seconds: float | None) -> str:
     return "-" if not seconds else f"{nbytes / GIB / seconds:.2f}"
 
 
+def _fmt_range(report: BenchReport, metric: str, method: str, directory: str) -> str:
+    value = report.value(metric, method, directory)
+    if value is None:
+        return "-"
+    low, high = report.value(metric, method, directory, "min"), report.value(metric, method, directory, "max")
+    return f"{value:.3f} ({low:.3f}-{high:.3f})"
+
+
 def _rows_times(report: BenchReport, directory: str) -> list[list[str]]:
     rows = []
     for method in report.methods():
@@ -33,8 +41,8 @@ def _rows_times(report: BenchReport, directory: str) -> list[list[str]]:
         load = report.value("load", method, directory)
         if save is None:
             continue
-        rows.append([method, _fmt_s(save), _fmt_rate(report.state_bytes, save), _fmt_s(load),
-                     _fmt_rate(report.state_bytes, load)])
+        rows.append([method, _fmt_range(report, "save", method, directory), _fmt_rate(report.state_bytes, save),
+                     _fmt_range(report, "load", method, directory), _fmt_rate(report.state_bytes, load)])
     return rows
 
 
@@ -42,8 +50,8 @@ def _rows_targets(report: BenchReport) -> list[list[str]]:
     rows = []
     for directory in report.directories():
         for target in TARGETS:
-            ratio = report.ratio(target.metric, target.ours, target.peer, directory)
-            if ratio is None:
+            ratio = report.ratio(target.metric, target.ours, target.peers, directory)
+            if ratio is None or not report.applies(target, directory):
                 continue
             goal = "-" if math.isinf(target.limit) else f"<= {target.limit:.2f}"
             verdict = "-" if math.isinf(target.limit) else ("met" if ratio <= target.limit else "MISSED")
@@ -56,10 +64,11 @@ def _rows_targets(report: BenchReport) -> list[list[str]]:
 
 
 def _stat_label(report: BenchReport) -> str:
-    return f"best of {report.repeats}" if report.statistic == "min" else f"median of {report.repeats}"
+    return (f"best of {report.repeats}" if report.statistic == "min"
+            else f"median (min-max) of {report.repeats}, interleaved, order rotated")
 
 
-TIME_HEADERS = ["method", "save s", "save GiB/s", "load s", "load GiB/s"]
+TIME_HEADERS = ["method", "save s", "save GiB/s", "load s", "load GiB/s"]  # s: median (min-max)
 TARGET_HEADERS = ["comparison", "directory", "ratio", "target", ""]
 
 

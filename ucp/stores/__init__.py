@@ -7,13 +7,22 @@
 (['a.json'], 'marker')
 """
 
-from ucp.stores.fsspec_store import FsspecStore
 from ucp.stores.local import LocalStore
-from ucp.stores.memory import MemoryStore
 from ucp.stores.options import DEFAULT_OPTIONS, StoreOptions
 from ucp.stores.protocol import Store
 from ucp.stores.registry import open_store, register_store
-from ucp.stores.s3 import S3Store
 
 __all__ = ["Store", "StoreOptions", "DEFAULT_OPTIONS", "open_store", "register_store", "LocalStore", "FsspecStore",
            "MemoryStore", "S3Store"]
+
+# The stores over fsspec import fsspec and tensorstore (~0.5 s): only when one is asked for,
+# so a process that saves and loads on local disk never pays for them.
+_LAZY = {"FsspecStore": "ucp.stores.fsspec_store", "MemoryStore": "ucp.stores.memory", "S3Store": "ucp.stores.s3"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ucp.stores' has no attribute {name!r}")

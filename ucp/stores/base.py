@@ -19,9 +19,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-import fsspec
 import numpy as np
-import tensorstore as ts
 
 from ucp.file_io import hexdigests
 from ucp.manifest import DATA_DIR, MANIFEST_NAME
@@ -36,17 +34,39 @@ class BaseStore:
 
     strategy = "marker"
 
-    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, *,
-                 options: StoreOptions | None = None) -> None:
-        self.url, self.fs, self.root = url, fs, root
+    def __init__(self, url: str, fs: Any, root: str, *, options: StoreOptions | None = None) -> None:
+        self.url, self._fs, self.root = url, fs, root  # fs: an fsspec filesystem (None: made when first used)
         self.options = options or DEFAULT_OPTIONS
-        # No fsync per file: one sync() of the whole save before its commit is far cheaper
-        # than thousands of fsyncs, and just as durable for the commit rule.
-        self.context = ts.Context({"file_io_sync": False})
         self.reused = False
         self._threads: ThreadPoolExecutor | None = None
         self._pack_cache: OrderedDict[str, bytes] = OrderedDict()  # pack -> its bytes, least recent first
-        self._ts: Any = None  # a TensorstoreArrays: how multi-chunk arrays go through tensorstore here
+        self._context: Any = None
+        self._arrays: Any = None  # a TensorstoreArrays, made when an array first goes through tensorstore
+
+    @property
+    def fs(self) -> Any:
+        return self._fs
+
+    @property
+    def context(self) -> Any:
+        """The tensorstore context, made (and tensorstore imported: ~0.5 s) only when an array needs it."""
+        if self._context is None:
+            import tensorstore as ts
+
+            # No fsync per file: one sync() of the whole save before its commit is far cheaper
+            # than thousands of fsyncs, and just as durable for the commit rule.
+            self._context = ts.Context({"file_io_sync": False})
+        return self._context
+
+    @property
+    def _ts(self) -> Any:
+        """How multi-chunk arrays go through tensorstore here (a TensorstoreArrays, made on first use)."""
+        if self._arrays is None:
+            self._arrays = self._tensorstore_arrays()
+        return self._arrays
+
+    def _tensorstore_arrays(self) -> Any:
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.display()!r})"
@@ -173,7 +193,8 @@ class BaseStore:
             self._threads.shutdown(wait=True)
             self._threads = None
         self._pack_cache.clear()
-        self._ts.forget()
+        if self._arrays is not None:
+            self._arrays.forget()
 
     def _pool(self) -> ThreadPoolExecutor:
         # File creation is latency-bound (metadata ops); a few threads overlap it.

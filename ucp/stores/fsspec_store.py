@@ -54,9 +54,11 @@ class FsspecStore(BaseStore):
         super().__init__(url, fs, root.rstrip("/"), options=options)
         self.storage_options = storage_options
         self._memory = ts.KvStore.open({"driver": "memory"}, context=self.context).result()
-        self._ts = TensorstoreArrays(self.context, lambda rel: {"driver": "memory", "path": rel.strip("/") + "/"},
-                                     display=self.display, after_write=self._flush_memory,
-                                     before_read=self._fetch, after_read=self._drop_fetched)
+
+    def _tensorstore_arrays(self) -> TensorstoreArrays:
+        return TensorstoreArrays(self.context, lambda rel: {"driver": "memory", "path": rel.strip("/") + "/"},
+                                 display=self.display, after_write=self._flush_memory,
+                                 before_read=self._fetch, after_read=self._drop_fetched)
 
     # -- names and plain bytes ------------------------------------------------------
     def kind(self) -> str | None:

@@ -28,9 +28,8 @@ import os
 import shutil
 import stat
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import fsspec
 import numpy as np
 
 from ucp import confined
@@ -42,8 +41,10 @@ from ucp.stores import errors
 from ucp.stores.base import BaseStore
 from ucp.stores.occupancy import check_replaceable, existing, exists_error
 from ucp.stores.options import StoreOptions
-from ucp.stores.tensorstore_arrays import TensorstoreArrays
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
+
+if TYPE_CHECKING:
+    from ucp.stores.tensorstore_arrays import TensorstoreArrays
 
 _COMMIT_ATTEMPTS = 20
 
@@ -61,11 +62,26 @@ class LocalStore(BaseStore):
 
     def __init__(self, path: str | os.PathLike, *, options: StoreOptions | None = None) -> None:
         root = os.path.abspath(os.fspath(path).removeprefix("file://"))
-        super().__init__(os.fspath(path), fsspec.filesystem("file"), root, options=options)
+        # No fsspec and no tensorstore until something needs them: a fresh process (recovery)
+        # would pay ~0.5 s of imports on its first save or load.
+        super().__init__(os.fspath(path), None, root, options=options)
         self._synced: set[str] = set()  # chunk files already fsynced by their writer thread
         self._real_root: str | None = None  # the resolved root, once a read needs it (see ucp.confined)
-        self._ts = TensorstoreArrays(self.context, lambda rel: {"driver": "file", "path": self.path(rel) + "/"},
-                                     display=self.display, before_read=self._check_confined)
+
+    @property
+    def fs(self) -> Any:
+        """fsspec's local filesystem (for callers that want one; the store itself uses ``os``)."""
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem("file")
+        return self._fs
+
+    def _tensorstore_arrays(self) -> TensorstoreArrays:
+        from ucp.stores.tensorstore_arrays import TensorstoreArrays
+
+        return TensorstoreArrays(self.context, lambda rel: {"driver": "file", "path": self.path(rel) + "/"},
+                                 display=self.display, before_read=self._check_confined)
 
     # -- names and plain bytes ------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -73,6 +89,26 @@ class LocalStore(BaseStore):
 
     def display(self, *parts: str) -> str:
         return self.path(*parts)
+
+    def exists(self, *parts: str) -> bool:
+        return os.path.lexists(self.path(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        with open(self.path(*parts), "rb") as fh:
+            return fh.read()
+
+    def remove(self, *parts: str) -> None:
+        path = self.path(*parts)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+    def listdir(self, *parts: str) -> list[str]:
+        path = self.path(*parts)
+        if os.path.isdir(path):
+            return sorted(os.listdir(path))
+        return [os.path.basename(path)] if os.path.lexists(path) else []
 
     def kind(self) -> str | None:
         """"file", "directory", a phrase for anything else, or None when nothing is there."""

@@ -14,22 +14,29 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from fsspec.implementations.local import LocalFileSystem
-
 from ucp.errors import InvalidArgumentError, StorageURLError
-from ucp.stores.fsspec_store import FsspecStore
 from ucp.stores.local import LocalStore
-from ucp.stores.memory import MemoryStore
 from ucp.stores.options import StoreOptions
 from ucp.stores.protocol import Store
-from ucp.stores.s3 import S3Store
 
 __all__ = ["open_store", "register_store", "StoreFactory"]
 
 # factory(url, storage_options=..., options=...) -> Store
 StoreFactory = Callable[..., Store]
 
-_FACTORIES: dict[str, StoreFactory] = {"memory": MemoryStore, "s3": S3Store, "s3a": S3Store}
+
+def _lazy(module: str, name: str) -> StoreFactory:
+    """A factory that imports its store (and fsspec, tensorstore) when a URL first needs it."""
+    def factory(url: str, **kwargs) -> Store:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(url, **kwargs)
+
+    return factory
+
+
+_S3 = _lazy("ucp.stores.s3", "S3Store")
+_FACTORIES: dict[str, StoreFactory] = {"memory": _lazy("ucp.stores.memory", "MemoryStore"), "s3": _S3, "s3a": _S3}
 
 
 def register_store(protocol: str, factory: StoreFactory) -> None:
@@ -51,6 +58,10 @@ def open_store(url: str | os.PathLike, *, storage_options: dict | None = None,
     factory = _FACTORIES.get(protocol)
     if factory is not None:
         return factory(url, storage_options=storage_options, options=options)
+    from fsspec.implementations.local import LocalFileSystem
+
+    from ucp.stores.fsspec_store import FsspecStore
+
     store = FsspecStore(url, storage_options=storage_options, options=options)
     if isinstance(store.fs, LocalFileSystem):
         return LocalStore(store.root, options=options)  # e.g. file:// with options: still the local disk
