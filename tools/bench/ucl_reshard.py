@@ -10,9 +10,11 @@ checks that both systems gave it identical tensors.
     python tools/bench/ucl_reshard.py                   # 8 -> 4 and 4 -> 6, 1 GiB
     python tools/bench/ucl_reshard.py --gib 0.25 --scenarios 4:2 --json
 
-Prints, per scenario and system: load time (slowest rank, median of
-``--repeats`` loads in the same processes), peak RSS of the largest rank and
-its growth during the loads, and ucp / DCP ratios.
+Prints, per scenario and system: load time (slowest rank; median and min-max of
+``--repeats`` loads), peak RSS of the largest rank and its growth during the loads
+(sampled while each system's load runs), and ucp / DCP ratios. Both systems load
+in the same processes, interleaved, the order alternating every repeat, so drift
+in a busy machine hits both alike.
 
 ``--zero1`` runs the distributed-optimizer scenario instead (tools/bench/zero1_reshard.py):
 a Megatron zero=1 state (bf16 parameters, fp32 masters and Adam moments in flat dp
@@ -99,53 +101,81 @@ def _save_worker(rank: int, world: int, port: int, names: list[str], ucp_dir: st
         dist.destroy_process_group()
 
 
-def _load_worker(rank: int, world: int, port: int, names: list[str], system: str, path: str, out: str,
+def _peak_during(fn) -> tuple[float, int]:
+    """(seconds ``fn()`` took, the highest RSS sampled while it ran): per system, though both load in one process."""
+    import threading
+
+    import psutil
+
+    process = psutil.Process()
+    peak = [process.memory_info().rss]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    try:
+        fn()
+    finally:
+        seconds = time.perf_counter() - start
+        stop.set()
+        sampler.join()
+    return seconds, max(peak[0], process.memory_info().rss)
+
+
+def _loaders(world: int, rank: int, names: list[str], paths: dict[str, str]) -> dict:
+    """system -> (load(), the loaded local tensors): each fills tensors allocated once, here."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import ucl
+    import ucp
+
+    logical = ucp.CheckpointReader(paths["ucp"]).logical()
+    fmap = ucl.spec_for_load(program_text(), f"tp={world}", rank, logical)
+    into = {k: torch.empty(lt.shape, dtype=getattr(torch, lt.dtype)) for k, lt in ucl.local_shapes(fmap).items()}
+    mesh = init_device_mesh("cpu", (world,))
+    state = {}
+    for n in names:
+        dim = 0 if n.startswith("rows") else 1
+        local_shape = (ROWS // world, COLS) if dim == 0 else (ROWS, COLS // world)
+        state[n] = DTensor.from_local(torch.empty(local_shape), mesh, [Shard(dim)], run_check=False,
+                                      shape=torch.Size((ROWS, COLS)), stride=(COLS, 1))
+    return {
+        "ucp": (lambda: ucp.load(paths["ucp"], into=into, program=program_text(), layout=f"tp={world}", rank=rank),
+                into),
+        "dcp": (lambda: dcp.load(state, checkpoint_id=paths["dcp"]), {n: t.to_local() for n, t in state.items()}),
+    }
+
+
+def _load_worker(rank: int, world: int, port: int, names: list[str], paths: dict[str, str], out: str,
                  repeats: int) -> None:
+    """Both systems load in the same processes, interleaved, the order rotating every repeat."""
     _init(rank, world, port)
     try:
-        if system == "ucp":
-            import ucl
-            import ucp
-
-            logical = ucp.CheckpointReader(path).logical()
-            fmap = ucl.spec_for_load(program_text(), f"tp={world}", rank, logical)
-            into = {k: torch.empty(lt.shape, dtype=getattr(torch, lt.dtype)) for k, lt in ucl.local_shapes(fmap).items()}
-            before = _rss()
-            seconds = []
-            for _ in range(repeats):
+        loaders = _loaders(world, rank, names, paths)
+        before = _rss()
+        seconds: dict[str, list[float]] = {s: [] for s in loaders}
+        peaks: dict[str, int] = {s: 0 for s in loaders}
+        systems = list(loaders)
+        for rep in range(repeats):
+            for system in systems[rep % 2:] + systems[: rep % 2]:
                 dist.barrier()
-                start = time.perf_counter()
-                ucp.load(path, into=into, program=program_text(), layout=f"tp={world}", rank=rank)
-                seconds.append(time.perf_counter() - start)
-            result = into
-        else:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor import DTensor, Shard
-
-            mesh = init_device_mesh("cpu", (world,))
-            state = {}
-            for n in names:
-                dim = 0 if n.startswith("rows") else 1
-                local_shape = (ROWS // world, COLS) if dim == 0 else (ROWS, COLS // world)
-                state[n] = DTensor.from_local(torch.empty(local_shape), mesh, [Shard(dim)], run_check=False,
-                                              shape=torch.Size((ROWS, COLS)), stride=(COLS, 1))
-            before = _rss()
-            seconds = []
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                dcp.load(state, checkpoint_id=path)
-                seconds.append(time.perf_counter() - start)
-            result = {n: t.to_local() for n, t in state.items()}
-        peak = _rss()
-        # correctness: compare with the expected shard of a spot-checked tensor
-        spot = names[rank % len(names)]
-        ok = torch.equal(result[spot], shard(spot, world, rank))
-        torch.save({n: t for n, t in result.items() if n == spot}, os.path.join(out, f"{system}-{rank}.pt"))
-        with open(os.path.join(out, f"{system}-{rank}.json"), "w") as fh:
-            json.dump({"seconds": seconds, "before": before, "peak": peak, "ok": ok,
-                       "bytes": sum(t.numel() * t.element_size() for t in result.values())}, fh)
+                took, peak = _peak_during(loaders[system][0])
+                seconds[system].append(took)
+                peaks[system] = max(peaks[system], peak)
+        spot = names[rank % len(names)]  # correctness: compare with the expected shard of a spot-checked tensor
+        for system, (_, result) in loaders.items():
+            ok = torch.equal(result[spot], shard(spot, world, rank))
+            torch.save({spot: result[spot]}, os.path.join(out, f"{system}-{rank}.pt"))
+            with open(os.path.join(out, f"{system}-{rank}.json"), "w") as fh:
+                json.dump({"seconds": seconds[system], "before": before, "peak": peaks[system], "ok": ok,
+                           "bytes": sum(t.numel() * t.element_size() for t in result.values())}, fh)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -153,31 +183,32 @@ def _load_worker(rank: int, world: int, port: int, names: list[str], system: str
 
 def run_scenario(source: int, target: int, gib: float, workdir: str, repeats: int = 3) -> dict:
     names = tensor_names(gib)
-    ucp_dir, dcp_dir = os.path.join(workdir, "ucp"), os.path.join(workdir, "dcp")
+    paths = {"ucp": os.path.join(workdir, "ucp"), "dcp": os.path.join(workdir, "dcp")}
     t0 = time.perf_counter()
-    mp.spawn(_save_worker, args=(source, _free_port(), names, ucp_dir, dcp_dir), nprocs=source, join=True)
+    mp.spawn(_save_worker, args=(source, _free_port(), names, paths["ucp"], paths["dcp"]), nprocs=source, join=True)
     save_seconds = time.perf_counter() - t0
+    out = os.path.join(workdir, "out")
+    os.makedirs(out, exist_ok=True)
+    mp.spawn(_load_worker, args=(target, _free_port(), names, paths, out, repeats), nprocs=target, join=True)
     rows = {}
-    for system, path in (("ucp", ucp_dir), ("dcp", dcp_dir)):
-        out = os.path.join(workdir, f"out-{system}")
-        os.makedirs(out, exist_ok=True)
-        mp.spawn(_load_worker, args=(target, _free_port(), names, system, path, out, repeats), nprocs=target,
-                 join=True)
+    for system in paths:
         ranks = [json.load(open(os.path.join(out, f"{system}-{r}.json"))) for r in range(target)]
+        per_repeat = [max(r["seconds"][i] for r in ranks) for i in range(repeats)]  # a load ends with its slowest rank
         rows[system] = {
-            # a load ends when its slowest rank does; the median over repeats damps a busy machine
-            "seconds": statistics.median(max(r["seconds"][i] for r in ranks) for i in range(repeats)),
+            "seconds": statistics.median(per_repeat),
+            "seconds_min": min(per_repeat),
+            "seconds_max": max(per_repeat),
             "peak_rss_gib": max(r["peak"] for r in ranks) / 2**30,
             "growth_gib": max(r["peak"] - r["before"] for r in ranks) / 2**30,
             "shard_gib": max(r["bytes"] for r in ranks) / 2**30,
             "ok": all(r["ok"] for r in ranks),
         }
     same = all(
-        torch.equal(torch.load(os.path.join(workdir, "out-ucp", f"ucp-{r}.pt"))[names[r % len(names)]],
-                    torch.load(os.path.join(workdir, "out-dcp", f"dcp-{r}.pt"))[names[r % len(names)]])
+        torch.equal(torch.load(os.path.join(out, f"ucp-{r}.pt"))[names[r % len(names)]],
+                    torch.load(os.path.join(out, f"dcp-{r}.pt"))[names[r % len(names)]])
         for r in range(target))
     sizes = {s: sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(p) for f in fs) / 2**30
-             for s, p in (("ucp", ucp_dir), ("dcp", dcp_dir))}
+             for s, p in paths.items()}
     return {"source": source, "target": target, "tensors": len(names),
             "state_gib": len(names) * ROWS * COLS * 4 / 2**30, "save_both_seconds": save_seconds,
             "disk_gib": sizes, "systems": rows, "identical": same}
@@ -226,16 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     table = Table(title="Load-time resharding: ucp + UCL vs torch.distributed.checkpoint (gloo, CPU)")
-    for col in ("scenario", "system", "load s", "peak RSS/rank GiB", "RSS growth GiB", "shard GiB", "correct",
+    for col in ("scenario", "system", "load s (min-max)", "peak RSS/rank GiB", "RSS growth GiB", "shard GiB", "correct",
                 "load ucp/dcp", "growth ucp/dcp"):
         table.add_column(col)
     for r in results:
         u, d = r["systems"]["ucp"], r["systems"]["dcp"]
         label = f"{r['state_gib']:.2f} GiB {r['source']}->{r['target']}"
-        table.add_row(label, "ucp", f"{u['seconds']:.2f}", f"{u['peak_rss_gib']:.2f}", f"{u['growth_gib']:.2f}",
+        table.add_row(label, "ucp", f"{u['seconds']:.2f} ({u['seconds_min']:.2f}-{u['seconds_max']:.2f})", f"{u['peak_rss_gib']:.2f}", f"{u['growth_gib']:.2f}",
                       f"{u['shard_gib']:.2f}", str(u["ok"] and r["identical"]), f"{u['seconds'] / d['seconds']:.2f}",
                       f"{u['growth_gib'] / max(d['growth_gib'], 1e-9):.2f}")
-        table.add_row("", "dcp", f"{d['seconds']:.2f}", f"{d['peak_rss_gib']:.2f}", f"{d['growth_gib']:.2f}",
+        table.add_row("", "dcp", f"{d['seconds']:.2f} ({d['seconds_min']:.2f}-{d['seconds_max']:.2f})", f"{d['peak_rss_gib']:.2f}", f"{d['growth_gib']:.2f}",
                       f"{d['shard_gib']:.2f}", str(d["ok"]), "", "")
     Console(width=150).print(table)
     return 0

@@ -4,8 +4,8 @@ S gloo processes of a Megatron ``tp x dp`` run with the distributed optimizer (t
 :mod:`tools.bench.megatron_state`: bf16 parameters, fp32 masters and Adam moments in flat
 dp partitions) save it with ucp (the shipped ``megatron-gpt`` UCL preset, zero=1) and with
 DCP (Megatron-core's own form for it, see ``megatron_state``), one after the other in the
-same processes; T processes of another layout then load it with each system, one after the
-other, and check that every tensor each system gave them is bitwise the expected one (so
+same processes; T processes of another layout then load it with each system, interleaved
+(the order alternating every repeat, so drift in a busy machine hits both alike), and check that every tensor each system gave them is bitwise the expected one (so
 both gave identical tensors; a digest comparison across the systems says the same).
 
 Per system it reports fragments (ucp: the manifest's; DCP: the chunks in its ``.metadata``; and
@@ -147,18 +147,19 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
             logical = reader.logical()
         into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype))
                 for k, t in ucl.local_shapes(ucl.spec_for_load(_program(cfg), lay, rank, logical)).items()}
-        runs = [_timed(lambda: ucp.load(ucp_dir, into=into, program=_program(cfg), layout=lay, rank=rank))
-                for _ in range(repeats)]
+        # DCP: the same shapes, described as Megatron-core describes them (built inside the timing)
+        dcp_params, dcp_flats = zero_state(cfg, lay, rank)
+        mesh = _mesh(lay)
+        loads = {"ucp": lambda: ucp.load(ucp_dir, into=into, program=_program(cfg), layout=lay, rank=rank),
+                 "dcp": lambda: dcp.load(dcp_state(cfg, lay, rank, dcp_params, dcp_flats, mesh), checkpoint_id=dcp_dir)}
+        runs: dict[str, list] = {"ucp": [], "dcp": []}
+        for rep in range(repeats):  # interleaved, the order alternating, so drift hits both systems alike
+            for system in (("ucp", "dcp") if rep % 2 == 0 else ("dcp", "ucp")):
+                runs[system].append(_timed(loads[system]))
         params = {k.removeprefix("model/"): t for k, t in into.items() if k.startswith("model/")}
         flats = {s: into[f"optim/{s}/dense"] for s in STATES}
-        report["ucp"] = {"runs": runs, "check": _check(cfg, lay, rank, params, flats)}
-        del into, params, flats
-        # DCP: the same shapes, described as Megatron-core describes them (built inside the timing)
-        params, flats = zero_state(cfg, lay, rank)
-        mesh = _mesh(lay)
-        runs = [_timed(lambda: dcp.load(dcp_state(cfg, lay, rank, params, flats, mesh), checkpoint_id=dcp_dir))
-                for _ in range(repeats)]
-        report["dcp"] = {"runs": runs, "check": _check(cfg, lay, rank, params, flats)}
+        report["ucp"] = {"runs": runs["ucp"], "check": _check(cfg, lay, rank, params, flats)}
+        report["dcp"] = {"runs": runs["dcp"], "check": _check(cfg, lay, rank, dcp_params, dcp_flats)}
         dist.barrier()
         with open(os.path.join(out, f"load-{rank}.json"), "w") as fh:
             json.dump(report, fh)
