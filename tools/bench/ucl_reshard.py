@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tools.bench.megatron_state import check_layout
-from tools.bench.zero1_reshard import free_port as _free_port, init_gloo as _init, print_zero1, run_zero1
+from tools.bench.zero1_reshard import PeakRss, free_port as _free_port, init_gloo as _init, print_zero1, run_zero1
 from ucp.layout import Layout
 
 ROWS, COLS = 6144, 3072  # divisible by 4, 6 and 8, so DCP (chunk) and UCL (split_evenly) agree on shards
@@ -103,28 +103,11 @@ def _save_worker(rank: int, world: int, port: int, names: list[str], ucp_dir: st
 
 def _peak_during(fn) -> tuple[float, int]:
     """(seconds ``fn()`` took, the highest RSS sampled while it ran): per system, though both load in one process."""
-    import threading
-
-    import psutil
-
-    process = psutil.Process()
-    peak = [process.memory_info().rss]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.005):
-            peak[0] = max(peak[0], process.memory_info().rss)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    start = time.perf_counter()
-    try:
+    with PeakRss() as rss:
+        start = time.perf_counter()
         fn()
-    finally:
         seconds = time.perf_counter() - start
-        stop.set()
-        sampler.join()
-    return seconds, max(peak[0], process.memory_info().rss)
+    return seconds, rss.peak
 
 
 def _loaders(world: int, rank: int, names: list[str], paths: dict[str, str]) -> dict:

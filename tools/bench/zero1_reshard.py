@@ -39,7 +39,7 @@ from tools.bench.megatron_state import (
 )
 from ucp.layout import Layout
 
-__all__ = ["run_zero1", "print_zero1", "metadata_summary", "init_gloo", "free_port"]
+__all__ = ["run_zero1", "print_zero1", "metadata_summary", "init_gloo", "free_port", "PeakRss"]
 
 
 class PeakRss:
