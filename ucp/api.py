@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
 from ucp.dtypes import allocate, dtype_name
-from ucp.errors import InvalidArgumentError, KeyMismatchError, ShapeMismatchError, UcpError, UnsupportedTensorError
+from ucp.errors import (InvalidArgumentError, KeyMismatchError, PartialLoadWarning, ShapeMismatchError, UcpError,
+                        UnsupportedTensorError)
 from ucp.geometry import Box, FlatRange, Region, region_shape
 from ucp.layout import Layout
 from ucp.programs import compile_for_load, compile_for_save
@@ -25,7 +27,8 @@ from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
 from ucp.stores import StoreOptions
-from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_refs
+from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_places, tensor_refs
+from ucp.stateful import LoadTargets, skeleton
 from ucp.shared_save import finalize, record_failure  # noqa: F401 - re-exported
 from ucp.writer import CheckpointWriter, SaveResult  # noqa: F401 - re-exported
 
@@ -260,12 +263,14 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
         rank = spec.rank
     tree_rank = rank if rank in manifest.states else min(manifest.states, default=0)
     tree = manifest.states.get(tree_rank)
-    into_tensors = state_tensors(into) if into is not None else None
+    targets_of = LoadTargets(into, skeleton(tree)) if into is not None else None
+    into_tensors = state_tensors(targets_of.tree) if targets_of is not None else None
     if spec is None and into_tensors is not None and any(_is_dtensor(t) for t in into_tensors.values()):
         spec = _spec_for_into(reader, into_tensors, strict)
         strict = False  # checked just now, against the whole checkpoint
 
-    targets = _targets(reader, spec, tree, into_tensors, strict)
+    skipped: set[str] = set()  # top-level keys of the saved state that a non-strict load leaves out
+    targets = _targets(reader, spec, tree, into_tensors, strict, top=_top_keys(into), skipped=skipped)
     whole = spec is None and into_tensors is None
     # Everything that can refuse the tree (malformed tags, objects not allowed, names that
     # cannot be placed) refuses it now, before any tensor is read.
@@ -274,7 +279,7 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
     tensors: dict[str, torch.Tensor] = {}
     with reader:
         for key, (tspec, shape, dtype) in targets.items():
-            if into_tensors is not None:
+            if into_tensors is not None and key in into_tensors:
                 dest = into_tensors[key]
             elif sum(piece.local.numel for piece in tspec.pieces) == math.prod(shape):
                 dest = allocate(shape, dtype, what=repr(key))
@@ -287,28 +292,48 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
             if into_tensors is None and device.type != "cpu":
                 dest = dest.to(device)
             tensors[key] = dest
-    return assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
+    state = assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
+    for key in skipped if isinstance(state, dict) else ():  # left out whole: a part would mislead
+        state.pop(key, None)
+    if targets_of is not None:  # non-tensor values (step, lr) in place too; then load_state_dict
+        targets_of.finish(state)
+    return state
+
+
+def _top_keys(into: Any) -> set | None:
+    return set(map(str, into)) if isinstance(into, dict) else None
 
 
 _PLACEHOLDER = torch.empty(0)
 
 
-def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
-             into: dict[str, torch.Tensor] | None, strict: bool) -> dict[str, tuple[TensorSpec, tuple, str]]:
-    """key -> (spec of the local tensor, its shape, its dtype) for everything to load."""
+def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into: dict[str, torch.Tensor] | None,
+             strict: bool, *, top: set | None = None, skipped: set | None = None) -> dict[str, tuple[TensorSpec, tuple, str]]:
+    """key -> (spec of the local tensor, its shape, its dtype) for everything to load.
+
+    A non-strict whole load into ``into`` also loads the saved tensors ``into`` has no tensor
+    for, under its top-level keys ``top`` (keyed by logical name: the tree places them).
+    """
     logical = reader.logical()
     out: dict[str, tuple[TensorSpec, tuple, str]] = {}
     if spec is None:
-        wanted = list(into) if into is not None else _identity_keys(tree, logical)
-        missing = [k for k in wanted if k not in logical]
-        unexpected = [n for n in logical if into is not None and n not in into]
+        places = tensor_places(tree)
+        if into is None:
+            wanted = {k: k for k in _identity_keys(tree, logical)}
+        else:  # a key of ``into`` is a position in the state; the tree says which logical tensor is there
+            wanted = {k: places[k] if places.get(k) in logical else k for k in into}
+        missing = [k for k, name in wanted.items() if name not in logical]
+        loaded = set(wanted.values())
+        unexpected = [n for n in logical if into is not None and n not in loaded]
         if strict and (missing or unexpected):
             raise _key_error(reader.path, missing, unexpected)
-        for key in wanted:
-            if key in logical:
-                lt = logical[key]
+        if unexpected:
+            wanted.update(_saved_extras(reader.path, unexpected, places, top, skipped))
+        for key, name in wanted.items():
+            if name in logical:
+                lt = logical[name]
                 box = Box.full(lt.shape)
-                out[key] = (TensorSpec(key, (ShardPiece(key, box, box),)), lt.shape, lt.dtype)
+                out[key] = (TensorSpec(key, (ShardPiece(name, box, box),)), lt.shape, lt.dtype)
     else:
         spec.validate()
         missing = sorted({p.logical for t in spec.tensors.values() for p in t.pieces if p.logical not in logical})
@@ -331,6 +356,8 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
             out[key] = (tspec, shape, dtype)
     if into is not None:
         for key, (tspec, shape, dtype) in out.items():
+            if key not in into:
+                continue
             _check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)
     return out
 
@@ -384,8 +411,35 @@ def _key_error(path: str, missing: list[str], unexpected: list[str]) -> KeyMisma
         lines.append(f"  missing from the checkpoint ({len(missing)}): {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
     if unexpected:
         lines.append(f"  not expected by the target ({len(unexpected)}): {', '.join(unexpected[:20])}" + (" ..." if len(unexpected) > 20 else ""))
-    lines.append("  pass strict=False to load only the keys both have")
+        lines.append("  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
+                     "({'optim': opt}), not opt.state_dict()")
+    lines.append("  strict=False loads the keys both have and adds the saved ones the target lacks "
+                 "(those under top-level keys it does not have are skipped with a warning)")
     return KeyMismatchError("\n".join(lines))
+
+
+def _saved_extras(path: str, unexpected: list[str], places: dict[str, str], top: set | None,
+                  skipped_top: set | None) -> dict[str, str]:
+    """The saved tensors a non-strict load adds to ``into`` (under its top-level keys); warns about the rest.
+
+    Each is keyed by its logical name, which the tree's references resolve to; the top-level
+    keys of the rest go into ``skipped_top``.
+    """
+    where: dict[str, str] = {}
+    for place, name in places.items():
+        where.setdefault(name, place)
+    extras = {n: n for n in unexpected if top is not None and where.get(n, n).split("/")[0] in top}
+    skipped = [n for n in unexpected if n not in extras]
+    if skipped_top is not None and top is not None:
+        skipped_top.update(where.get(n, n).split("/")[0] for n in skipped)
+    if skipped:
+        shown = ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else "")
+        warnings.warn(
+            f"strict=False: {len(skipped)} saved tensor(s) of {path} were not loaded, the target has no top-level key "
+            f"for them: {shown}; add those keys to the state to load them, or load without into=",
+            PartialLoadWarning, stacklevel=6,
+        )
+    return extras
 
 
 def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region, dest: torch.Tensor) -> None:
