@@ -3,9 +3,9 @@
 ::
 
     import ucp
-    ucp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 7}, "ckpt/7")
-    state = ucp.load("ckpt/7")                       # a new state
-    ucp.load("ckpt/7", into={"model": model.state_dict()}, strict=False)  # in place
+    ucp.save({"model": model, "optim": opt, "step": 7}, "ckpt/7")   # their state_dict() now
+    state = ucp.load("ckpt/7")                                      # a new state (plain dicts)
+    ucp.load("ckpt/7", into={"model": model, "optim": opt, "step": 0})  # in place, fresh objects too
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def save(
     partitions). Values that are not JSON are refused unless ``allow_objects``
     (pickled; loads need ``allow_objects`` too, see :func:`load`).
     ``store_options`` (:class:`~ucp.stores.StoreOptions`) tunes the I/O, never the format.
+    Objects with ``state_dict()`` (modules, optimizers, schedulers) are saved as their state
+    dict at the time of the call (:mod:`ucp.stateful`). When torch.distributed is initialized
+    and none of ``process_group``, ``rank``, ``world_size`` is given, every rank of the world
+    saves together (``process_group`` defaults to the world group, as in DCP); pass
+    ``world_size=1`` for a save that only this rank makes.
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -118,6 +123,8 @@ def open_writer(
     True
     """
     record = lay = None
+    if process_group is None and rank is None and world_size is None:
+        process_group = default_process_group()
     if process_group is not None:
         import torch.distributed as dist
 
@@ -158,6 +165,20 @@ def open_writer(
         layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
+
+
+def default_process_group() -> Any:
+    """The world group when torch.distributed is initialized with more than one rank, else None.
+
+    A save given neither ``process_group`` nor ``rank``/``world_size`` is a save of every rank
+    of the job, as with ``torch.distributed.checkpoint``: without it each rank would commit its
+    own shards alone. A save that only this rank makes passes ``world_size=1``.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
 
 
 def _local_shapes(flat: FlatState) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -207,7 +228,16 @@ def load(
     which must agree with it on the model's parameters), exactly that rank's
     local tensors are returned, reading only the bytes that overlap them.
     ``into`` fills existing tensors with ``copy_`` (no second copy) and the
-    returned state shares them.
+    returned state shares them; its non-tensor values (a step, a learning rate)
+    are replaced by the saved ones in place, and objects with ``state_dict()``
+    in it get theirs back through ``load_state_dict`` (a fresh optimizer's
+    per-parameter state is created first: :mod:`ucp.stateful`). ``into`` may be
+    the tree a load without it returned (positions are matched through the
+    saved tree). ``strict`` refuses keys on either side that the other lacks;
+    ``strict=False`` fills what both have, adds saved entries ``into`` lacks
+    under its own top-level keys, and skips the other top-level entries with a
+    :class:`~ucp.errors.PartialLoadWarning` naming them: saved data is never
+    dropped silently.
 
     A whole load returns every logical tensor: the saved tree's references
     resolved, plus the logical tensors the tree does not place, at the top
