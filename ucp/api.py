@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
 from ucp.dtypes import allocate, dtype_name
-from ucp.errors import (InvalidArgumentError, KeyMismatchError, PartialLoadWarning, ShapeMismatchError, UcpError,
-                        UnsupportedTensorError)
+from ucp.errors import InvalidArgumentError, UcpError
 from ucp.geometry import Box, FlatRange, Region, region_shape
 from ucp.layout import Layout
 from ucp.programs import compile_for_load, compile_for_save
+from ucp.into_checks import check_fits, is_dtensor, key_error, saved_extras, spec_for_into
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
@@ -295,8 +294,8 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
     tree = manifest.states.get(tree_rank)
     targets_of = LoadTargets(into, skeleton(tree)) if into is not None else None
     into_tensors = state_tensors(targets_of.tree) if targets_of is not None else None
-    if spec is None and into_tensors is not None and any(_is_dtensor(t) for t in into_tensors.values()):
-        spec = _spec_for_into(reader, into_tensors, strict)
+    if spec is None and into_tensors is not None and any(is_dtensor(t) for t in into_tensors.values()):
+        spec = spec_for_into(reader, into_tensors, strict)
         strict = False  # checked just now, against the whole checkpoint
 
     skipped: set[str] = set()  # top-level keys of the saved state that a non-strict load leaves out
@@ -356,9 +355,9 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into
         loaded = set(wanted.values())
         unexpected = [n for n in logical if into is not None and n not in loaded]
         if strict and (missing or unexpected):
-            raise _key_error(reader.path, missing, unexpected)
+            raise key_error(reader.path, missing, unexpected)
         if unexpected:
-            wanted.update(_saved_extras(reader.path, unexpected, places, top, skipped))
+            wanted.update(saved_extras(reader.path, unexpected, places, top, skipped))
         for key, name in wanted.items():
             if name in logical:
                 lt = logical[name]
@@ -369,11 +368,11 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into
         missing = sorted({p.logical for t in spec.tensors.values() for p in t.pieces if p.logical not in logical})
         unexpected = [k for k in (into or {}) if k not in spec.tensors]
         if strict and (missing or unexpected):
-            raise _key_error(reader.path, missing, unexpected)
+            raise key_error(reader.path, missing, unexpected)
         for key, tspec in spec.tensors.items():
             if into is not None and key not in into:
                 if strict:
-                    raise _key_error(reader.path, [key], [])
+                    raise key_error(reader.path, [key], [])
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
             # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
@@ -388,7 +387,7 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into
         for key, (tspec, shape, dtype) in out.items():
             if key not in into:
                 continue
-            _check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)
+            check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)
     return out
 
 
@@ -404,72 +403,6 @@ def _local_shape(pieces) -> tuple[int, ...]:
         return (max(p.local.stop for p in pieces),)
     boxes = [p.local for p in pieces if isinstance(p.local, Box)]
     return tuple(max(b.stops[d] for b in boxes) for d in range(boxes[0].ndim))
-
-
-def _check_into(key: str, tensor: torch.Tensor) -> None:
-    """A tensor to load into must have memory the bytes can go to."""
-    if tensor.device.type == "meta":
-        raise UnsupportedTensorError(
-            f"cannot load {key!r} into a tensor on the meta device (it has no memory); materialize it first "
-            "(e.g. module.to_empty(device='cpu')) or load without into="
-        )
-    if tensor.is_nested or tensor.layout != torch.strided:
-        kind = "nested" if tensor.is_nested else str(tensor.layout)
-        raise UnsupportedTensorError(
-            f"cannot load {key!r} into a sparse tensor ({kind}); load without into= and convert the result"
-        )
-
-
-def _check_fits(reader, key, tspec, tensor, shape, dtype, *, exact: bool) -> None:
-    _check_into(key, tensor)
-    got = (list(tensor.shape), dtype_name(tensor.dtype))
-    fits = tuple(tensor.shape) == tuple(shape) if exact else all(
-        (isinstance(p.local, Box) and len(p.local.sizes) == tensor.dim() and Box.full(tuple(tensor.shape)).contains(p.local))
-        or (isinstance(p.local, FlatRange) and p.local.stop <= tensor.numel())
-        for p in tspec.pieces
-    )
-    if not fits or got[1] != dtype:
-        raise ShapeMismatchError(
-            f"cannot load {key!r}: the checkpoint has {dtype}{list(shape)} but the tensor to load into is "
-            f"{got[1]}{got[0]}; pass a tensor of that shape and dtype, or load without into= and convert"
-        )
-
-
-def _key_error(path: str, missing: list[str], unexpected: list[str]) -> KeyMismatchError:
-    lines = [f"keys do not match checkpoint {path}:"]
-    if missing:
-        lines.append(f"  missing from the checkpoint ({len(missing)}): {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
-    if unexpected:
-        lines.append(f"  not expected by the target ({len(unexpected)}): {', '.join(unexpected[:20])}" + (" ..." if len(unexpected) > 20 else ""))
-        lines.append("  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
-                     "({'optim': opt}), not opt.state_dict()")
-    lines.append("  strict=False loads the keys both have and adds the saved ones the target lacks "
-                 "(those under top-level keys it does not have are skipped with a warning)")
-    return KeyMismatchError("\n".join(lines))
-
-
-def _saved_extras(path: str, unexpected: list[str], places: dict[str, str], top: set | None,
-                  skipped_top: set | None) -> dict[str, str]:
-    """The saved tensors a non-strict load adds to ``into`` (under its top-level keys); warns about the rest.
-
-    Each is keyed by its logical name, which the tree's references resolve to; the top-level
-    keys of the rest go into ``skipped_top``.
-    """
-    where: dict[str, str] = {}
-    for place, name in places.items():
-        where.setdefault(name, place)
-    extras = {n: n for n in unexpected if top is not None and where.get(n, n).split("/")[0] in top}
-    skipped = [n for n in unexpected if n not in extras]
-    if skipped_top is not None and top is not None:
-        skipped_top.update(where.get(n, n).split("/")[0] for n in skipped)
-    if skipped:
-        shown = ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else "")
-        warnings.warn(
-            f"strict=False: {len(skipped)} saved tensor(s) of {path} were not loaded, the target has no top-level key "
-            f"for them: {shown}; add those keys to the state to load them, or load without into=",
-            PartialLoadWarning, stacklevel=6,
-        )
-    return extras
 
 
 def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region, dest: torch.Tensor) -> None:
@@ -516,39 +449,3 @@ def read_tensor(path: str | os.PathLike, name: str, region: Region | None = None
     """
     with CheckpointReader(os.fspath(path), verify=verify, storage_options=storage_options) as reader:
         return reader.read_tensor(name, region)
-
-
-def _is_dtensor(tensor: Any) -> bool:
-    return type(tensor).__name__ == "DTensor"
-
-
-def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], strict: bool) -> FragmentMap:
-    """A fragment map for an ``into`` state holding DTensors (plain tensors: whole logical tensors)."""
-    from ucp.dtensor import dtensor_spec
-
-    logical = reader.logical()
-    missing = [k for k in into if k not in logical]
-    unexpected = [n for n in logical if n not in into]
-    if strict and (missing or unexpected):
-        raise _key_error(reader.path, missing, unexpected)
-    specs, rank = {}, 0
-    for key, tensor in into.items():
-        if key not in logical:
-            continue
-        if _is_dtensor(tensor):
-            import torch.distributed as dist
-
-            rank = dist.get_rank()
-            _check_into(key, tensor.to_local())
-            lt, specs[key] = dtensor_spec(key, tensor)
-            if (lt.shape, lt.dtype) != (logical[key].shape, logical[key].dtype):
-                raise ShapeMismatchError(
-                    f"cannot load {key!r}: the checkpoint has {logical[key].dtype}{list(logical[key].shape)} but the "
-                    f"DTensor to load into is {lt.dtype}{list(lt.shape)}; pass a DTensor of that global shape and dtype"
-                )
-        else:
-            _check_fits(reader, key, None, tensor, logical[key].shape, logical[key].dtype, exact=True)
-            box = Box.full(tuple(tensor.shape))
-            specs[key] = TensorSpec(key, (ShardPiece(key, box, box),))
-    return FragmentMap(rank=rank, logical=logical, tensors=specs)
-

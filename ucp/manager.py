@@ -5,10 +5,15 @@ save policy is asked every time (never cached), so an adaptive policy can move
 the interval. After each commit the retention policy prunes old checkpoints on
 rank 0, never the newest committed one and never a save still in progress
 (only committed checkpoints are candidates). :meth:`restore` resumes from the
-newest checkpoint that is complete and readable.
+newest checkpoint that is complete and readable, including committed checkpoints
+saved into the directory under other names (``ucp.save(state, "ckpt/step_100")``),
+ordered by the step their manifest records; one whose step cannot be read is
+refused, never passed over (a job must not silently start over). Retention
+prunes only the manager's own ``step_NNNNNNNN`` checkpoints.
 
 Example::
 
+    state = {"model": model, "optim": opt, "step": 0}   # objects: captured at each save, restored in place
     manager = CheckpointManager("ckpt", save_policy=EveryNSteps(100), retention=KeepLast(3), async_save=True)
     start = (manager.restore(into=state) or 0) + 1
     for step in range(start, steps + 1):
@@ -278,8 +283,11 @@ class CheckpointManager:
         """Load the newest good checkpoint into ``into`` in place; return its step (``None``: nothing to resume).
 
         Tensors are filled with ``copy_``; non-tensor values in dicts and lists
-        of ``into`` (a step counter, a learning rate) are replaced by the saved ones.
-        ``load_options`` are those of :func:`ucp.load` (``strict``, ``verify``, ``spec``...).
+        of ``into`` (a step counter, a learning rate) are replaced by the saved ones, and
+        objects with ``state_dict()`` (a model, a fresh optimizer) get theirs back as
+        :func:`ucp.load` describes. Every committed checkpoint of the directory is a
+        candidate (:meth:`checkpoints`). ``load_options`` are those of :func:`ucp.load`
+        (``strict``, ``verify``, ``spec``...).
 
         A checkpoint that turns out damaged while it loads (a checksum mismatch, a missing
         or truncated file, a manifest that does not parse) is skipped with a
