@@ -14,6 +14,7 @@ import argparse
 import math
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from tools.output import add_json_option, console, fail, json_on_stdout, write_json
@@ -56,6 +57,18 @@ def _default_dirs() -> list[Path]:
     return dirs
 
 
+@contextmanager
+def _status(label: str):
+    """``update(message)``: a spinner on a terminal; elsewhere (CI logs) each step as a line on stderr."""
+    if not sys.stderr.isatty():
+        yield lambda message: print(f"{label}: {message}", file=sys.stderr, flush=True)
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(label) as status:
+        yield status.update
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.size_gib > 0 or math.isinf(args.size_gib):
         return fail(args, "ucp bench", "--size-gib must be a positive number")
@@ -70,14 +83,14 @@ def run(args: argparse.Namespace) -> int:
 
     out = console(stderr=json_on_stdout(args))
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    with out.status("benchmarking") as status:
+    with _status("benchmarking") as update:
         report = run_benchmark(
             size_gib=args.size_gib,
             dirs=dirs,
             repeats=args.repeats,
             measure_rss=not args.no_rss,
             statistic=args.stat,
-            progress=lambda msg: status.update(msg),
+            progress=update,
         )
     if args.json:
         write_json(report.to_dict(), args.json, indent=2)

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         with byte_progress("checking", enabled=True) as update:
             report = ucp.diff(args.src, args.dst, a_format=result.src_format, b_format=result.dst_format,
-                              memory_budget=args.memory_budget, progress=update, only=args.only)
+                              memory_budget=args.memory_budget, progress=update, only=args.only,
+                              b_whole=True)
     if args.json:
         out = result.to_dict()
         if report is not None:

@@ -80,6 +80,7 @@ def test_only_a_root_strips_its_prefix(trained, tmp_path):
     root, _ = trained
     result = ucp.convert(root / "ckpt", tmp_path / "ema.safetensors", only="ema")
     assert result.tensors == 1
+    assert ucp.diff(root / "ckpt", tmp_path / "ema.safetensors", only="ema", b_whole=True).equal
     with get_format("safetensors").open_reader(str(tmp_path / "ema.safetensors")) as reader:
         assert [t.name for t in reader.tensors()] == ["lm_head.weight"]
 
@@ -120,3 +121,19 @@ def test_missing_program_parameters_are_all_named_with_a_flag_that_exists(traine
         f"hf-llama.ucl: 4 program parameter(s) without a value: hidden_size, intermediate_size, num_hidden_layers, "
         f"num_attention_heads (no config.json beside {src}); give each as params={{NAME: VALUE}} (--param "
         "NAME=VALUE on the command line), or put the model's config.json beside the source")
+
+
+def test_cli_export_checks_itself_and_reports_what_it_left_out(trained, tmp_path, capsys):
+    from tools.cli import main
+
+    root, _ = trained
+    code = main(["convert", str(root / "ckpt"), str(tmp_path / "e"), "--to", "safetensors", "--only", "ema",
+                 "--check", "--json", "-"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["check"]["equal"] and report["tensors"] == 1 and len(report["left_out"]) == 84
+    assert main(["diff", str(root / "ckpt"), str(tmp_path / "e"), "--only", "model"]) == 1  # 20 tensors missing
+    assert main(["convert", str(root / "ckpt"), str(tmp_path / "m"), "--to", "safetensors", "--only", "model",
+                 "--hf-files", str(root / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "left out (--only model): 64 tensors (ema/lm_head.weight, 0/step, 0/exp_avg, ...) and the training state" in out
+    assert main(["diff", str(root / "ckpt"), str(tmp_path / "m"), "--only", "model"]) == 0
