@@ -131,6 +131,9 @@ def _notes(result) -> list[str]:
         notes.append(f"copied {', '.join(result.files)}")
     if result.files_left_out:
         notes.append(f"not copied ({result.dst_format} output has no room for them): {', '.join(result.files_left_out)}")
+    if result.dst_format == "safetensors" and result.only is None and result.non_model_tensors:
+        notes.append(f"{result.non_model_tensors} of the tensors written are not the model's (optimizer state, other "
+                     "roots): from_pretrained reports them as unexpected; --only model writes the weights alone")
     if result.program:
         notes.append(f"program {result.program}")
     if result.dst_format == "safetensors" and not result.dst.endswith(".safetensors") \

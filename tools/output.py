@@ -1,8 +1,9 @@
 """What every ``ucp`` subcommand prints: strict JSON to a path or standard output, and whole tables.
 
 One meaning for ``--json`` everywhere: ``--json PATH`` writes the report to PATH, ``--json -`` (or
-a bare ``--json``) to standard output, and then nothing else goes to standard output (tables and
-notes are left out; progress and errors go to standard error). The JSON is strict (RFC 8259):
+a bare ``--json``, which keeps older scripts working; put it last, since before a positional
+argument it takes that as its PATH) to standard output, and then nothing else goes to standard
+output (tables and notes are left out; progress and errors go to standard error). The JSON is strict (RFC 8259):
 a value JSON has no number for (``inf``, ``nan``) is written as ``null``, as docs/LOGS.md and
 docs/ETTR.md promise, so ``json.loads(text, parse_constant=...)`` or ``jq`` read every report.
 An input or usage error (exit 2) writes ``{"ok": false, "error": ..., "message": ...}`` there.

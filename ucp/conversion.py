@@ -60,6 +60,7 @@ class ConvertResult:
     files: tuple[str, ...] = ()  # side files copied (config.json, tokenizer files)
     files_left_out: tuple[str, ...] = ()  # side files of the source the output format has no room for
     program: str | None = None  # the UCL program and its parameter values, in short form
+    non_model_tensors: int = 0  # written tensors outside the model part (optimizer state, other roots)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,7 +179,8 @@ def convert(
                          bytes=total, largest_tensor=max((i.nbytes for i in infos), default=0),
                          memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started,
                          only=only, left_out=left_out, files=copied, files_left_out=tuple(sorted(set(files) - set(copied))),
-                         program=None if bound is None else str(bound))
+                         program=None if bound is None else str(bound),
+                         non_model_tensors=sum("/" in i.name for i in infos))
 
 
 def bind_program(program: Any, params: Mapping[str, Any] | None, src: str) -> Any:

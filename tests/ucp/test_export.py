@@ -137,3 +137,7 @@ def test_cli_export_checks_itself_and_reports_what_it_left_out(trained, tmp_path
     out = capsys.readouterr().out
     assert "left out (--only model): 64 tensors (ema/lm_head.weight, 0/step, 0/exp_avg, ...) and the training state" in out
     assert main(["diff", str(root / "ckpt"), str(tmp_path / "m"), "--only", "model"]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(root / "ckpt"), str(tmp_path / "all"), "--to", "safetensors"]) == 0
+    assert ("64 of the tensors written are not the model's (optimizer state, other roots): from_pretrained reports "
+            "them as unexpected; --only model writes the weights alone") in capsys.readouterr().out
