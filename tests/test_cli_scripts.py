@@ -104,13 +104,16 @@ def test_version(capsys):
     assert cli._version()[0].isdigit()
 
 
-def test_overwrite_hint_names_the_flag(files, tmp_path, capsys):
-    dst = tmp_path / "o.safetensors"
+@pytest.mark.parametrize("name, message", [
+    ("o.safetensors", "{dst} already exists; choose another destination or pass --overwrite"),
+    ("o_ucp", "a checkpoint already exists at {dst}; pass --overwrite to replace it or save to a new path"),
+])
+def test_overwrite_hint_names_the_flag(name, message, files, tmp_path, capsys):
+    dst = tmp_path / name
     assert main(["convert", str(files / "m.pt"), str(dst)]) == 0
     capsys.readouterr()
     assert main(["convert", str(files / "m.pt"), str(dst)]) == 2
-    assert capsys.readouterr().err == (f"ucp convert: error: {dst} already exists; choose another destination or "
-                                       "pass --overwrite\n")
+    assert capsys.readouterr().err == f"ucp convert: error: {message.format(dst=dst)}\n"
 
 
 def test_ettr_refuses_a_job_that_cannot_make_progress(capsys):
