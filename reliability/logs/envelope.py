@@ -57,7 +57,7 @@ _NAME = re.compile(r"[\[(]?(?:" + "|".join(n.title() for n in _NAMES) + r")[\])]
 _TIMEISH = re.compile(r"[\[(]?\d{1,8}(?:[-/.:T_,]\d{1,9})+(?:Z|[+-]\d\d:?\d\d)?[\])]?[,:]?"
                       r"|[\[(]?\d\d?/[A-Z][a-z]{2}/\d{4}(?::\d\d){0,3}[\])]?|[+-]\d{4}[\])]?")
 _IPV4 = re.compile(r"[\[(]?\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?[\])]?[,:]?")
-_NUMBER = re.compile(r"[\[(<]?\d+[\])>]?[:,]?")
+_NUMBER = re.compile(r"[\[(<]?[-+]?\d+[\])>]?[:,]?")
 _PRI = re.compile(r"<\d{1,3}>\d?")
 _DASH = re.compile(r"[^\w\s]{1,2}")
 _HOSTLIKE = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -214,7 +214,7 @@ def _column_pattern(kind: str, values: list[str]) -> str:
     if kind == "E":
         return r"\d{10}(?:\d{3})?"
     if kind == "N":
-        return r"[\[(<]?\d+[\])>]?[:,]?"
+        return r"[\[(<]?[-+]?\d+[\])>]?[:,]?"
     if kind == "P":
         return r"<\d{1,3}>\d?"
     return r"[^\s|]+"

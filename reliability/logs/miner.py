@@ -41,7 +41,8 @@ Tokens = tuple[str, ...]
 _WORDLIKE = re.compile(r"[A-Za-z][A-Za-z_-]*")
 # A value that may be a constant of its own template ("Started", "user=root", "initialization."), not a value
 # token (an address, a path, a masked number): few of them at one position keep the templates apart.
-_CONSTANT_LIKE = re.compile(r"(?:[\w.-]+=)?[A-Za-z][A-Za-z_-]*[.,;:!]?")
+_CONSTANT_LIKE = re.compile(r"(?:[\w.-]+[=:])?[A-Za-z][A-Za-z_-]*[.,;:!]?")
+_KEY = re.compile(r"([A-Za-z_][\w.-]*[=:])[^=:]")
 
 
 def lead_word(seq: Tokens) -> str:
@@ -71,9 +72,9 @@ def _merge(template: Tokens, seq: Tokens) -> Tokens:
 
 
 def _wider(t: str, u: str) -> str:
-    # "rhost=alpha" and "rhost=beta": the key stays, the value is the variable part
-    key = t.partition("=")[0]
-    return key + "=" + PARAM if "=" in t and key == u.partition("=")[0] and key else PARAM
+    # "rhost=alpha" and "rhost=beta", "ret:false" and "ret:true": the key stays, the value is the variable part
+    key = _KEY.match(t)
+    return key.group(1) + PARAM if key is not None and u.startswith(key.group(1)) else PARAM
 
 
 def group_sequences(counts: dict[Tokens, int], *, similarity: float = 0.5,
