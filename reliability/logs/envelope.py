@@ -48,6 +48,7 @@ from reliability.logs.stamps import StampLayout, learn_layout
 
 MAX_COLUMNS = 14  # how far into a line an envelope may reach
 MIN_SHARE = 0.9  # share of sample lines a column's class must hold in
+SAMPLE_LINES = 2000  # lines a source's envelope is learned from
 MIN_LINES = 8  # fewer sample lines than this: too few to tell framing from message
 _TOKEN = re.compile(r"[^\s|]+")
 _DIGITS = re.compile(r"\d+")
@@ -169,9 +170,12 @@ def _end(kinds: list[str], rows: list[list[str]]) -> int:
     end = last + 1
     while end < len(kinds) and (kinds[end] in "NDP" or (kinds[end] in STRONG and kinds[end] != "L")):
         end += 1
-    while end + 1 < len(kinds) and kinds[end] in "HW":
+    while end + 1 < len(kinds) and kinds[end] in "HW" and kinds[last] != "L":  # after a level: the message
         # "stamp host tag: message": a host-like column followed by a syslog tag
         tags = sum(1 for row in rows if len(row) > end + 1 and row[end + 1].endswith(":"))
+        own_tags = sum(1 for row in rows if len(row) > end and row[end].endswith(":"))
+        if own_tags >= MIN_SHARE * len(rows):
+            break  # a "tag:" column: the header parser reads it as the component
         if (kinds[end] == "H" and tags >= MIN_SHARE * len(rows)) or _independent(rows, kinds, end):
             end += 1
             while end < len(kinds) and kinds[end] in "NDP":
@@ -244,7 +248,7 @@ def _runs(kinds: list[str], end: int) -> list[tuple[int, int]]:
 
 def learn_envelope(lines: Sequence[str], *, year: int | None = None, now: float | None = None) -> Envelope | None:
     """The envelope most of ``lines`` (one source's first lines) share, or None when they share none."""
-    sample = [line for line in lines if line.strip()][:2000]
+    sample = [line for line in lines if line.strip()][:SAMPLE_LINES]
     if len(sample) < MIN_LINES:
         return None
     rows = [_TOKEN.findall(line[:400]) for line in sample]

@@ -55,6 +55,7 @@ class StampLayout:
     two_digit_year: bool = False
     year: int | None = None
     _days: dict = field(default_factory=dict, compare=False, repr=False)
+    _stamps: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_year(self) -> bool:
@@ -84,6 +85,18 @@ class StampLayout:
         return out
 
     def convert(self, text: str) -> float | None:
+        cache = self._stamps
+        hit = cache.get(text)
+        if hit is not None:
+            return hit
+        ts = self._convert(text)
+        if ts is not None:
+            if len(cache) > 50_000:
+                cache.clear()
+            cache[text] = ts  # stamps repeat (many lines per second): one parse each
+        return ts
+
+    def _convert(self, text: str) -> float | None:
         if self.epoch:
             digits = text.strip("[]() ,:")
             if not digits.isdigit():

@@ -75,7 +75,7 @@ def run(envelopes: dict, systems, directory: str) -> dict:
 
 def table(report: dict, envelopes: dict) -> str:
     results = report["results"]
-    names = list(envelopes)
+    names = [n for n in envelopes if any(n in per for per in results.values())]
     out = ["| system | " + " | ".join(f"{n} ours / drain3" for n in names) + " |",
            "| --- |" + " ---: |" * len(names)]
     for system, per in results.items():
