@@ -165,7 +165,7 @@ def _levels_say_something(values: list[str]) -> bool:
 def _end(kinds: list[str], rows: list[list[str]]) -> int:
     """How many leading columns are envelope (0: none)."""
     last = max((i for i, k in enumerate(kinds) if k in STRONG), default=-1)
-    if last < 0 or "X" in kinds[:last] and kinds[0] not in STRONG:
+    if last < 0:
         return 0
     end = last + 1
     while end < len(kinds) and (kinds[end] in "NDP" or (kinds[end] in STRONG and kinds[end] != "L")):
@@ -176,7 +176,12 @@ def _end(kinds: list[str], rows: list[list[str]]) -> int:
         own_tags = sum(1 for row in rows if len(row) > end and row[end].endswith(":"))
         if own_tags >= MIN_SHARE * len(rows):
             break  # a "tag:" column: the header parser reads it as the component
-        if (kinds[end] == "H" and tags >= MIN_SHARE * len(rows)) or _independent(rows, kinds, end):
+        j = end + 1
+        while j < len(kinds) and kinds[j] in "NDP":
+            j += 1
+        flags = {row[j - 1] for row in rows if len(row) >= j} if j > end + 1 else set()
+        if (kinds[end] == "H" and tags >= MIN_SHARE * len(rows)) or _independent(rows, kinds, end) or (
+                kinds[j - 1] == "D" and len(flags) <= 2):  # "stdout F", "app 4000 - -": a name, then flags
             end += 1
             while end < len(kinds) and kinds[end] in "NDP":
                 end += 1
@@ -198,7 +203,11 @@ def _independent(rows: list[list[str]], kinds: list[str], c: int) -> bool:
     information of the column and the next token (digits masked) below 0.2,
     with both varying: a constant column or a constant next token tells nothing.
     """
-    r = next((i for i in range(c + 1, len(kinds)) if kinds[i] not in "NDPTEL"), c + 1)  # skip pids, dashes
+    def constant(i):
+        return len({row[i] for row in rows[:200] if len(row) > i}) <= 1
+
+    # the next column that can tell something: not a pid, dash, stamp or level, not one constant
+    r = next((i for i in range(c + 1, len(kinds)) if kinds[i] not in "NDPTEL" and not constant(i)), c + 1)
     pairs = [(row[c], _DIGITS.sub("0", row[r])) for row in rows if len(row) > r]
     if len(pairs) < MIN_SHARE * len(rows):
         return False

@@ -90,3 +90,7 @@ def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> N
                   f"truncated {c['truncated']}, encoding fallback {c['encoding_fallback']}, "
                   f"bad timestamps {c['bad_timestamp']}, no timestamp {c['no_timestamp']}, "
                   f"empty {c['empty']}, unreadable files {len(c['unreadable_files'])}")
+    if c.get("year_assumed"):
+        console.print(f"[yellow]warning:[/] stamps without a year in {len(c['year_assumed'])} file(s) "
+                      f"({', '.join(c['year_assumed'][:3])}): placed in the latest year that is not in the "
+                      "future; pass --year YYYY if that is wrong")
