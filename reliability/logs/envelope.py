@@ -218,12 +218,22 @@ def _independent(rows: list[list[str]], kinds: list[str], c: int) -> bool:
     return mutual / min(hv, hr) < 0.2
 
 
+def _fits(found: str, kind: str) -> bool:
+    return found == kind or (kind == "T" and found in "NE") or (kind == "E" and found == "N")
+
+
 def _column_pattern(kind: str, values: list[str]) -> str:
     distinct = set(values)
     if kind == "L" or (kind == "D" and len(distinct) <= 8):
         return "(?:" + "|".join(re.escape(v) for v in sorted(distinct, key=lambda v: (-len(v), v))) + ")"
     if kind == "T":
-        return r"(?:[^\s|]*\d[^\s|]*|" + _NAME.pattern + ")"
+        # the shapes the column's stamps take (digits as a class): "Jun" fits a column of names, not of dates
+        shapes = {_DIGITS.sub("\ue000", v) for v in values}
+        names = any(_NAME.fullmatch(v) for v in values)
+        if len(shapes) <= 16:
+            alternatives = sorted({re.escape(x).replace("\ue000", r"\d+") for x in shapes if not _NAME.fullmatch(x)})
+            return "(?:" + "|".join(alternatives + ([_NAME.pattern] if names else [])) + ")"
+        return r"(?:[^\s|]*\d[^\s|]*" + ("|" + _NAME.pattern if names else "") + ")"
     if kind == "E":
         return r"\d{10}(?:\d{3})?"
     if kind == "N":
@@ -268,6 +278,15 @@ def learn_envelope(lines: Sequence[str], *, year: int | None = None, now: float 
     level_last = kinds[end - 1] == "L" and end - 1 == max(i for i, k in enumerate(kinds[:end]) if k in STRONG)
     cut = end - 1 if level_last else end  # a level as the last column stays: the header parser reads it
     if cut == 0:
+        return None
+    # The lines that show the envelope: the others (a traceback line, another format) shape none of it.
+    strong = [c for c in range(cut) if kinds[c] in STRONG]
+    rows = [row for row in rows if len(row) > cut and all(_fits(token_class(row[c]), kinds[c]) for c in strong)]
+    for c in strong:  # and their stamps' shapes: a syslog "Jun  3" among ISO dates is another format
+        shapes = Counter(_DIGITS.sub("0", row[c]) for row in rows)
+        common = {x for x, n in shapes.items() if n >= 0.1 * len(rows)}
+        rows = [row for row in rows if _DIGITS.sub("0", row[c]) in common]
+    if len(rows) < MIN_LINES:
         return None
     layout, chosen = None, None
     for start, stop in _runs(kinds, end):
