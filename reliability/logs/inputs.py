@@ -67,7 +67,7 @@ _BINARY_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x0
 
 
 def looks_binary(path: str) -> bool:
-    """Whether a named file is binary data, not a log: a known binary format or many NUL/control bytes up front."""
+    """Whether a named file is binary data, not a log: a known binary format, or a first line of binary bytes."""
     try:
         stream = _open_binary(path)
         try:
@@ -80,7 +80,8 @@ def looks_binary(path: str) -> bool:
         return False
     if head.startswith(_BINARY_MAGIC):
         return True
-    return len(head) - len(head.translate(None, _CONTROL + b"\x00")) > len(head) // 10
+    # a log may hold binary lines (skipped and counted), but it does not start with one
+    return _is_binary(head.split(b"\n", 1)[0])
 
 
 def _refuse_binary(path: str) -> None:
