@@ -100,14 +100,6 @@ def token_class(token: str) -> str:
 
 
 @dataclass(frozen=True)
-class Column:
-    """One learned envelope column: its class, the regex a value must match, and its values if few."""
-
-    kind: str
-    pattern: str
-
-
-@dataclass(frozen=True)
 class Envelope:
     """A learned envelope: a regex for its columns, and where its stamp, host and message are."""
 
