@@ -125,3 +125,12 @@ def test_a_long_storm_does_not_fold_unrelated_failures_of_its_node(taxonomy):
     near = [_ev(T0 + 120, "tbird-admin1", "infra/discovered/sshd-fatal", line=600)]
     incidents, member = build_incidents(storm + near, taxonomy=taxonomy, window_s=900)
     assert member[180] == member[0]
+
+
+def test_the_operator_reads_incidents_first_and_a_recurring_root_ranks_below_a_new_one(taxonomy):
+    from reliability.logs.report_terminal import ranked_incidents
+
+    storms = [_ev(T0 + 3600 * k, "admin1", "infra/discovered/got-not-answer", line=k) for k in range(5)]
+    news = [_ev(T0 + 3600 * 6, "gpu-a07", "hardware/gpu/xid-79", line=99)]
+    incidents, _ = build_incidents(storms + news, taxonomy=taxonomy, window_s=900)
+    assert ranked_incidents(incidents)[0].root_category == "hardware/gpu/xid-79"
