@@ -115,7 +115,8 @@ def merge_scans(scans: Iterable[PartialScan]) -> MergedScan:
         c = scan.counters
         for f in fields(InputCounters):
             old = getattr(merged.counters, f.name)
-            setattr(merged.counters, f.name, old + getattr(c, f.name))
+            new = old + getattr(c, f.name)
+            setattr(merged.counters, f.name, list(dict.fromkeys(new)) if isinstance(new, list) else new)
         merged.nodes |= scan.nodes
         if scan.first_timestamp is not None:
             merged.first = scan.first_timestamp if merged.first is None else min(merged.first, scan.first_timestamp)

@@ -49,6 +49,7 @@ _GLOG = re.compile(r"([IWEF])\d{4}")
 _KEYED = re.compile(r"(?:level|lvl|severity|loglevel)=\"?([A-Za-z]+)\"?", re.IGNORECASE)
 _COMPONENT = re.compile(r"[\w.$()/@-]+(?:\[[\w.:-]*\])?:|[\w./-]+:\d+\]")  # "tag[pid]:", glog's "file.go:12]"
 _DOTTED = re.compile(r"[A-Za-z_][\w$]*(?:\.[\w$]+)+")
+_WORD = re.compile(r"[A-Za-z]")
 _PIPE_HEADER = re.compile(r"(?:[^|\s]*\|){2,}")
 
 
@@ -103,7 +104,7 @@ def split_header(message: str) -> tuple[int | None, str]:
         severity = _PRIORITY[int(m.group(1)) & 7]
         message = message[m.end():].lstrip()
     pipe = _PIPE_HEADER.match(message)
-    if pipe is not None and _STAMP.match(message):  # "20171223-22:15:29:606|Step_LSC|30002312|msg"
+    if pipe is not None:  # "20171223-22:15:29:606|Step_LSC|30002312|msg", or "Step_LSC|30002312|msg"
         message = message[pipe.end():]
     tokens = message.split(" ")
     n = len(tokens)
@@ -115,8 +116,9 @@ def split_header(message: str) -> tuple[int | None, str]:
             j += 1
             continue
         level = level_of(token)
-        if level is None and j == start and start > 0 and token in _LETTERS:
-            level = _LETTERS[token]  # logcat: "03-17 16:13:38.861  2227  2227 D Tag: ..."
+        if level is None and j == start and token in _LETTERS and (
+                start > 0 or (j + 2 < n and _COMPONENT.fullmatch(tokens[j + 1]))):
+            level = _LETTERS[token]  # logcat: "03-17 16:13:38.861  2227  2227 D Tag: ...", or "D Tag: ..." alone
         if level is None and j == start:
             glog = _GLOG.fullmatch(token)
             keyed = _KEYED.fullmatch(token)
@@ -137,6 +139,8 @@ def split_header(message: str) -> tuple[int | None, str]:
             i = tokens.index("-", i) + 1
         elif i < n - 1 and (_COMPONENT.fullmatch(tokens[i]) or _DOTTED.fullmatch(tokens[i])):
             i = _skip_context(tokens, i + 1)
+    elif "-" in tokens[i:i + 2] and not any(_WORD.match(t) for t in tokens[i:tokens.index("-", i)]):
+        i = tokens.index("-", i) + 1  # "*64 - content", "- content": a mark before a dash (Proxifier's "*64")
     elif tokens[i].startswith("["):  # "[context] content"
         i = _skip_context(tokens, i)
     elif i < n - 1 and _COMPONENT.fullmatch(tokens[i]):  # syslog tag: "sshd[42]: content"

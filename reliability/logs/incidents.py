@@ -6,7 +6,10 @@ is the GPU fault. Events are walked in time order; an event joins an open
 incident (last event no more than ``window_s`` earlier) that shares its job or
 node, and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
 timeouts) joins the most recent open incident even without a shared job or
-node, because cascades cross nodes. The root cause is the earliest event of the
+node, because cascades cross nodes. A failure of another category joins its node's
+incident only within ``window_s`` of the incident's start (a storm of one message that
+fires for hours keeps its incident open, but does not swallow what else happens on
+that node). The root cause is the earliest event of the
 most causal kind: non-symptoms before symptoms, then the taxonomy's
 ``root_cause_order`` (hardware, infra, user, software), then time.
 
@@ -66,6 +69,8 @@ class _Open:
     jobs: set = field(default_factory=set)
     end: float = 0.0
     symptoms_only: bool = True
+    start: float = 0.0
+    categories: set = field(default_factory=set)
 
 
 
@@ -81,6 +86,7 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
     # incident overall, and the latest one holding only symptoms.
     by_job: dict[str, int] = {}
     by_node: dict[str, int] = {}
+    by_node_category: dict[tuple, int] = {}
     latest: int | None = None
     latest_symptomatic: int | None = None
     untimed_by_file: dict[str, int] = {}
@@ -104,8 +110,15 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                 if g is not None and t - groups[g].end <= window_s:
                     gid = g
             if gid is None and ev.node is not None:
-                g = by_node.get(ev.node)
+                g = by_node_category.get((ev.node, ev.category))  # the node's incident of this kind first
                 if g is not None and t - groups[g].end <= window_s:
+                    gid = g
+            if gid is None and ev.node is not None:
+                g = by_node.get(ev.node)
+                # Another kind of failure on the node joins only near the incident's start: a storm of one
+                # message every minute for hours would otherwise fold every later failure of its node.
+                if g is not None and t - groups[g].end <= window_s and (
+                        ev.category in groups[g].categories or t - groups[g].start <= window_s):
                     gid = g
             if gid is None:
                 if symptom:
@@ -116,11 +129,12 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                     gid = latest_symptomatic
             if gid is None:
                 gid = len(groups)
-                groups.append(_Open(end=t))
+                groups.append(_Open(end=t, start=t))
             groups[gid].end = max(groups[gid].end, t)
             latest = gid
         grp = groups[gid]
         grp.events.append(ev)
+        grp.categories.add(ev.category)
         grp.symptoms_only = grp.symptoms_only and symptom
         if grp.symptoms_only and ev.timestamp is not None:
             latest_symptomatic = gid
@@ -128,6 +142,7 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
             grp.nodes.add(ev.node)
             if ev.timestamp is not None:
                 by_node[ev.node] = gid
+                by_node_category[ev.node, ev.category] = gid
         if ev.job is not None:
             grp.jobs.add(ev.job)
             if ev.timestamp is not None:

@@ -49,13 +49,45 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
                 dirs.sort()
                 found.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
         elif os.path.isfile(path):
+            _refuse_binary(path)
             found.append(path)
         else:
             matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
             if not matches:
                 raise LogInputError(f"no log files match {path!r}: not a file, directory or glob")
+            for match in matches:
+                _refuse_binary(match)
             found.extend(matches)
     return found
+
+
+# Formats that are never logs: zip (torch.save, .npz, jars), pickle, ELF, gzip'd tar is read as text after gunzip.
+_BINARY_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"\x7fELF", b"\x93NUMPY",
+                 b"\x89HDF", b"\x89PNG")
+
+
+def looks_binary(path: str) -> bool:
+    """Whether a named file is binary data, not a log: a known binary format, or a first line of binary bytes."""
+    try:
+        stream = _open_binary(path)
+        try:
+            head = stream.read(8192)
+        finally:
+            stream.close()
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return False  # unreadable files are reported where they are read
+    if not head:
+        return False
+    if head.startswith(_BINARY_MAGIC):
+        return True
+    # a log may hold binary lines (skipped and counted), but it does not start with one
+    return _is_binary(head.split(b"\n", 1)[0])
+
+
+def _refuse_binary(path: str) -> None:
+    if looks_binary(path):
+        raise LogInputError(f"{path!r} is binary data, not a text log (e.g. a checkpoint or an archive); "
+                            "pass log files (plain text or .gz)")
 
 
 def is_compressed(path: str) -> bool:

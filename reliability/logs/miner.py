@@ -31,40 +31,87 @@ Example::
 
 from __future__ import annotations
 
-from collections import Counter
+import re
 from dataclasses import dataclass, field
 
 from reliability.logs.masking import PARAM
 from reliability.logs.template_state import TemplateSet
 
 Tokens = tuple[str, ...]
+_WORDLIKE = re.compile(r"[A-Za-z][A-Za-z_-]*")
+# A value that may be a constant of its own template ("Started", "user=root", "initialization."), not a value
+# token (an address, a path, a masked number): few of them at one position keep the templates apart.
+_CONSTANT_LIKE = re.compile(r"(?:[\w.-]+[=:])?[A-Za-z][A-Za-z_-]*[.,;:!]?")
+_KEY = re.compile(r"([A-Za-z_][\w.-]*[=:])[^=:]")
 
 
-def group_sequences(counts: dict[Tokens, int], *, distinct_values: int = 3) -> dict[Tokens, Tokens]:
-    """Each sequence -> its template tokens (see the module docstring)."""
-    by_length: dict[int, list[Tokens]] = {}
-    for seq in counts:
-        by_length.setdefault(len(seq), []).append(seq)
+def lead_word(seq: Tokens) -> str:
+    """The first *word* of a sequence: letters only (with ``_`` or ``-``), not a value, path, address or key.
+
+    >>> lead_word(("proxy.example.org:<*>", "open", "through", "proxy", "<*>"))
+    'open'
+    """
+    for token in seq:
+        word = token.rstrip(":,;")
+        if word and _WORDLIKE.fullmatch(word):
+            return word
+    return ""
+
+
+def _similarity(template: Tokens, seq: Tokens) -> float:
+    # Drain's simSeq: share of positions where the template's constant equals the token.
+    same = 0
+    for t, u in zip(template, seq):
+        if t == u and t != PARAM:
+            same += 1
+    return same / len(seq)
+
+
+def _merge(template: Tokens, seq: Tokens) -> Tokens:
+    return tuple(t if t == u else _wider(t, u) for t, u in zip(template, seq))
+
+
+def _wider(t: str, u: str) -> str:
+    # "rhost=alpha" and "rhost=beta", "ret:false" and "ret:true": the key stays, the value is the variable part
+    key = _KEY.match(t)
+    return key.group(1) + PARAM if key is not None and u.startswith(key.group(1)) else PARAM
+
+
+def group_sequences(counts: dict[Tokens, int], *, similarity: float = 0.5,
+                    distinct_values: int = 3) -> dict[Tokens, Tokens]:
+    """Each sequence -> its template tokens (see the module docstring).
+
+    Sequences are grouped by length and leading word, then, largest first,
+    each joins the most similar template of its group if at least
+    ``similarity`` of its positions equal that template's constants and the
+    merged template keeps a constant word; otherwise it starts a template.
+    A token becomes ``<*>`` only where two members differ, and a position
+    with at most ``distinct_values`` values, none of them a value token, is
+    kept as a constant (``VM Started``/``VM Stopped`` stay apart).
+    """
+    buckets: dict[tuple[int, str], list[Tokens]] = {}
+    for seq in sorted(counts, key=lambda s: (-counts[s], s)):  # largest first: independent of input order
+        buckets.setdefault((len(seq), lead_word(seq)), []).append(seq)
     result: dict[Tokens, Tokens] = {}
-    for seqs in by_length.values():
-        freq: Counter = Counter()
+    for seqs in buckets.values():
+        clusters: list[list] = []  # [template, members]
         for seq in seqs:
-            n = counts[seq]
-            for pos, token in enumerate(seq):
-                if token != PARAM:
-                    freq[pos, token] += n
-        groups: dict[Tokens, list[Tokens]] = {}
-        for seq in seqs:
-            shared = Counter(freq[pos, t] for pos, t in enumerate(seq) if t != PARAM)
-            if not shared:
-                groups.setdefault(seq, []).append(seq)
-                continue
-            root = max(shared, key=lambda f: (shared[f], f))
-            template = tuple(t if t != PARAM and freq[pos, t] >= root else PARAM for pos, t in enumerate(seq))
-            groups.setdefault(template, []).append(seq)
-        for template, members in groups.items():
-            keep = [pos for pos, t in enumerate(template) if t == PARAM
-                    and len(values := {m[pos] for m in members}) <= distinct_values and PARAM not in values]
+            best, best_sim = None, -1.0
+            for cluster in clusters:
+                sim = _similarity(cluster[0], seq)
+                if sim > best_sim:
+                    best, best_sim = cluster, sim
+            if best is not None and best_sim >= similarity:
+                merged = _merge(best[0], seq)
+                if any(t != PARAM for t in merged):
+                    best[0] = merged
+                    best[1].append(seq)
+                    continue
+            clusters.append([seq, [seq]])
+        for template, members in clusters:
+            keep = [pos for pos, t in enumerate(template) if t.endswith(PARAM)
+                    and len(values := {m[pos] for m in members}) <= distinct_values
+                    and all(_CONSTANT_LIKE.fullmatch(v) for v in values)]
             for seq in members:
                 if keep:
                     tokens = list(template)

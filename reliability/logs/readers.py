@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from reliability.logs.envelope import Envelope, JsonRecord, learn_envelope, learn_json
+from reliability.logs.header import level_of
 from reliability.logs.records import InputCounters, LogRecord
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
@@ -162,8 +164,13 @@ class LineReader:
     ``default_year`` fills in syslog stamps, which carry none.
     """
 
-    def __init__(self, *, default_year: int | None = None, counters: InputCounters | None = None):
-        self.default_year = default_year or datetime.now(timezone.utc).year
+    def __init__(self, *, default_year: int | None = None, counters: InputCounters | None = None,
+                 now: float | None = None):
+        self.year_given = default_year is not None
+        self.now = now  # "now" for stamps without a year (None: the clock); tests pin it
+        self.default_year = default_year or datetime.fromtimestamp(
+            now if now is not None else datetime.now(timezone.utc).timestamp(), timezone.utc).year
+        self._learned: list = []  # envelopes learned from the current file's first lines (see learn())
         self.counters = counters if counters is not None else InputCounters()
         self._day_cache: dict[tuple[int, int, int], float | None] = {}
         self.current_file: str | None = None
@@ -260,6 +267,12 @@ class LineReader:
         if m.group(1) not in _MONTHS:
             return None
         ts = self._month_day(m.group(1), m.group(2), m.group(3), self.default_year)
+        if not self.year_given and ts is not None:
+            now = self.now if self.now is not None else datetime.now(timezone.utc).timestamp()
+            if ts > now + 86400:  # no year in the stamp, none given: not in the future, the year before
+                ts = self._month_day(m.group(1), m.group(2), m.group(3), self.default_year - 1)
+            if self.current_file not in self.counters.year_assumed:
+                self.counters.year_assumed.append(self.current_file)
         return ts, m.group(4), m.group(5)
 
     def _env_dmesg(self, m):
@@ -291,10 +304,66 @@ class LineReader:
     # -- the public surface ------------------------------------------------------------
     def start_file(self, file: str) -> None:
         self.current_file = file
+        self._learned = []
         m = _PATH_JOB.search(file)
         self._file_job = m.group(1) if m else None
         self.last_ts = None
         self.last_node = None
+
+    def learn(self, texts: list) -> None:
+        """Learn the current file's envelopes from its first lines (:mod:`reliability.logs.envelope`).
+
+        Up to three: the one most lines share, then one among the lines that
+        do not fit it, and so on (several formats in one file). Lines that fit
+        none are read by the fixed envelopes below.
+        """
+        lines = [t for t in texts[:2000] if t]
+        year = self.default_year if self.year_given else None
+        learned: list = []
+        record = learn_json(lines, year=year)
+        if record is not None:
+            inner = learn_envelope([s[3] for s in map(record.split, lines) if s is not None], year=year,
+                                   now=self.now)
+            learned.append((record, inner))
+            lines = [t for t in lines if record.split(t) is None]
+        for _ in range(3):
+            env = learn_envelope(lines, year=year, now=self.now)
+            if env is None:
+                break
+            learned.append(env)
+            lines = [t for t in lines if env.split(t) is None]
+        for env in learned:
+            envelope = env[1] if isinstance(env, tuple) else env
+            if envelope is not None and envelope.year_assumed and self.current_file not in self.counters.year_assumed:
+                self.counters.year_assumed.append(self.current_file)
+        self._learned = learned
+
+    def _learned_split(self, text: str):
+        """``(k, match or None, (ts, node, message))`` of the first learned envelope ``text`` fits."""
+        for k, env in enumerate(self._learned):
+            if isinstance(env, Envelope):
+                m = env.regex.match(text)
+                if m is None:
+                    continue
+                stamp = m.group("ts")
+                ts = env.convert(stamp) if stamp else False
+                return k, m, (ts, m.group("host") or None, text[m.start("msg"):] if m.group("msg") else "")
+            record, inner = env
+            found = record.split(text)
+            if found is None:
+                continue
+            ts, host, level, message = found
+            if inner is not None:
+                peeled = inner.split(message)
+                if peeled is not None:
+                    stamp, inner_host, message = peeled
+                    if ts is None and stamp:
+                        ts = inner.convert(stamp)
+                    host = inner_host or host
+            if level is not None and level_of(level.upper()) is not None:
+                message = f"{level.upper()} {message}"  # the record's level, read as one by the header parser
+            return k, None, (ts if ts is not None else False, host, message)
+        return None
 
     def _order_for(self, first: str) -> list[int]:
         # Characters of one class share one list, so move-to-front learns per class.
@@ -308,6 +377,10 @@ class LineReader:
 
     def _envelope(self, text: str, *, learn: bool = True):
         """``(index, match, fields)`` of the first envelope that takes ``text``, or ``(None, None, None)``."""
+        if self._learned:
+            found = self._learned_split(text)
+            if found is not None:
+                return -1 - found[0], found[1], found[2]
         first = text[:1]
         order = self._orders.get(first)
         if order is None:
@@ -336,6 +409,14 @@ class LineReader:
         return self._shape_of(idx, m, text)
 
     def _shape_of(self, idx: int | None, m, text: str) -> "LineShape | None":
+        if idx is not None and idx < 0:
+            if m is None:  # a JSON record: its message is rebuilt, not a slice
+                return None
+            env = self._learned[-1 - idx]
+            ts = (env.convert, *m.span("ts")) if m.group("ts") else False
+            node = m.span("host") if m.group("host") else None
+            return LineShape(source="learned", ts=ts, node=node, msg_start=m.start("msg") if m.group("msg") else
+                             len(text), keeps_node=True, prefers_last_node=False)
         name = "generic" if idx is None else ENVELOPES[idx][0]
         stamp = self._stamp
         parts = None
@@ -388,7 +469,7 @@ class LineReader:
             source = "generic"
             ts, node, message = self.last_ts, self.last_node, text
         else:
-            source = ENVELOPES[idx][0]
+            source = ENVELOPES[idx][0] if idx >= 0 else "learned"
             ts, node, message = result
             if ts is None:
                 counters.bad_timestamp += 1

@@ -79,6 +79,7 @@ class InputCounters:
     no_timestamp: int = 0
     empty: int = 0
     unreadable_files: list = field(default_factory=list)
+    year_assumed: list = field(default_factory=list)  # files whose stamps carry no year: the year was assumed
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -30,6 +30,7 @@ def plots(result: LogAnalysis) -> dict[str, tuple[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     d = result.to_dict()
@@ -47,9 +48,12 @@ def plots(result: LogAnalysis) -> dict[str, tuple[str, str]]:
     starts = np.array([i.start for i in result.incidents if i.start is not None and i.fatal])
     fig, ax = plt.subplots(figsize=(8, 3))
     if len(starts):
-        days = (starts - starts.min()) / 86400.0
-        ax.hist(days, bins=min(50, max(5, len(starts) // 2)), color="#4f81bd")
-        ax.set_xlabel("days since first failure")
+        # Dates on the axis (UTC), not days since the first failure: an operator matches them to other records.
+        dates = (starts * 1e6).astype("int64").astype("datetime64[us]")
+        ax.hist(mdates.date2num(dates), bins=min(50, max(5, len(starts) // 2)), color="#4f81bd")
+        ax.xaxis.set_major_locator(mdates.AutoDateLocator())
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+        ax.set_xlabel("date (UTC)")
     ax.set_ylabel("incidents")
     ax.set_title("Failures over time")
     out["timeline"] = ("fatal incidents over time", _figure_png(fig))
@@ -90,9 +94,12 @@ def plots(result: LogAnalysis) -> dict[str, tuple[str, str]]:
             if ev.node in row:
                 col = min(bins - 1, int((ev.timestamp - t0) / max(t1 - t0, 1e-9) * bins))
                 grid[row[ev.node], col] += 1
-        im = ax.imshow(np.log1p(grid), aspect="auto", cmap="Reds")
+        lo, hi = mdates.date2num((np.array([t0, max(t1, t0 + 1)]) * 1e6).astype("int64").astype("datetime64[us]"))
+        im = ax.imshow(np.log1p(grid), aspect="auto", cmap="Reds", extent=(lo, hi, len(top) - 0.5, -0.5))
         ax.set_yticks(range(len(top)), top, fontsize=7)
-        ax.set_xlabel(f"time bins ({(t1 - t0) / 3600.0 / bins:.3g} h each)")
+        ax.xaxis.set_major_locator(mdates.AutoDateLocator())
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+        ax.set_xlabel(f"date (UTC); {(t1 - t0) / 3600.0 / bins:.3g} h per column")
         fig.colorbar(im, ax=ax, label="log(1 + events)")
     ax.set_title("Failure events per node over time")
     out["heatmap"] = ("failure lines per node (30 busiest) over time", _figure_png(fig))

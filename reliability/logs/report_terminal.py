@@ -1,4 +1,4 @@
-"""The terminal summary: rich tables of categories, incidents, lemon nodes, fits and bad input.
+"""The terminal summary: incidents first (ranked), then categories, lemon nodes, fits and bad input.
 
 Example::
 
@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timezone
 
 from rich.console import Console
@@ -25,6 +26,29 @@ def _num(x, fmt: str = "{:.3g}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def ranked_incidents(incidents) -> list:
+    """Incidents in the order an operator reads them: fatal first, then the rarest kind of root cause.
+
+    A root cause that recurs in many incidents (a monitoring daemon's warning every minute) is a known,
+    standing condition; one seen once is news. Then the incidents that touched more nodes, then more events.
+    """
+    recurs = Counter(i.root_category for i in incidents)
+    return sorted(incidents, key=lambda i: (not i.fatal, recurs[i.root_category], -len(i.nodes), -i.event_count,
+                                            i.id))
+
+
+def incident_table(result: LogAnalysis, *, top: int = 10) -> Table:
+    """The operator's first table: incidents (not lines), ranked by :func:`ranked_incidents`."""
+    recurs = Counter(i.root_category for i in result.incidents)
+    incs = Table(title=f"Incidents, rarest root cause first (top {top} of {len(result.incidents)})")
+    for col in ("id", "start (UTC)", "root cause", "root node", "job", "events", "nodes", "same root"):
+        incs.add_column(col, justify="right" if col in ("id", "events", "nodes", "same root") else "left")
+    for inc in ranked_incidents(result.incidents)[:top]:
+        incs.add_row(str(inc.id), _when(inc.start), inc.root_category, inc.root_node or "-",
+                     inc.root_job or "-", str(inc.event_count), str(len(inc.nodes)), str(recurs[inc.root_category]))
+    return incs
+
+
 def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> None:
     """Print the summary tables for ``result`` to ``console``."""
     d = result.to_dict()
@@ -33,6 +57,8 @@ def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> N
                   f"{s['normal_lines']:,} normal, {s['unclassified_lines']:,} unclassified; "
                   f"{s['incidents']} incidents on {s['nodes']} nodes; {_when(s['first_timestamp'])} .. "
                   f"{_when(s['last_timestamp'])} UTC")
+
+    console.print(incident_table(result, top=top))
 
     cats = Table(title="Failure categories (lines)")
     cats.add_column("category")
@@ -50,14 +76,6 @@ def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> N
             mined.add_row(c.path, f"{c.lines:,}", str(len(c.nodes)), f"{c.domain} ({c.domain_confidence:.2f})",
                           (c.examples[0] if c.examples else "")[:80])
         console.print(mined)
-
-    incs = Table(title=f"Top incidents (by events folded), of {len(result.incidents)}")
-    for col in ("id", "start (UTC)", "root cause", "root node", "job", "events", "nodes"):
-        incs.add_column(col, justify="right" if col in ("id", "events", "nodes") else "left")
-    for inc in sorted(result.incidents, key=lambda i: -i.event_count)[:top]:
-        incs.add_row(str(inc.id), _when(inc.start), inc.root_category, inc.root_node or "-",
-                     inc.root_job or "-", str(inc.event_count), str(len(inc.nodes)))
-    console.print(incs)
 
     if result.lemons:
         lem = Table(title="Lemon nodes (repeat root causes)")
@@ -90,3 +108,7 @@ def render_summary(result: LogAnalysis, *, console: Console, top: int = 10) -> N
                   f"truncated {c['truncated']}, encoding fallback {c['encoding_fallback']}, "
                   f"bad timestamps {c['bad_timestamp']}, no timestamp {c['no_timestamp']}, "
                   f"empty {c['empty']}, unreadable files {len(c['unreadable_files'])}")
+    if c.get("year_assumed"):
+        console.print(f"[yellow]warning:[/] stamps without a year in {len(c['year_assumed'])} file(s) "
+                      f"({', '.join(c['year_assumed'][:3])}): placed in the latest year that is not in the "
+                      "future; pass --year YYYY if that is wrong")

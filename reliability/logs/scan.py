@@ -254,6 +254,8 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
     lines = 0
     reader.start_file(file)
     for first, texts, line_keys in iter_line_blocks(file, counters, start=partition.start, end=partition.end):
+        if first == 1:  # the envelope of this file (or byte range), from its first lines
+            reader.learn(texts)
         lines = first + len(texts) - 1
         for lineno, text, key in zip(range(first, first + len(texts)), texts, line_keys):
             if text is None:

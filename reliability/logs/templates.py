@@ -59,6 +59,8 @@ def parse_templates(paths: Iterable[str], *, known: TemplateSet | None = None,
         counters.files += 1
         reader.start_file(path)
         for first, texts, _keys in iter_line_blocks(path, counters):
+            if first == 1:
+                reader.learn(texts)
             for lineno, text in enumerate(texts, start=first):
                 if text is None or not text.strip():
                     per_line.append(-1)

@@ -110,3 +110,27 @@ def test_equal_gaps_keep_the_exponential_fit_and_say_why_weibull_has_none():
     # Large but finite spreads still fit (the shape equation is solved on scaled gaps).
     wide = fit_interarrivals([1e-3, 5e3, 2.0, 40.0, 0.5])
     assert wide["weibull"] is not None and 0 < wide["weibull"]["shape"] < 1
+
+
+def test_a_long_storm_does_not_fold_unrelated_failures_of_its_node(taxonomy):
+    # Regression: ganglia's "data_thread() got not answer" every minute for three hours on the admin node kept
+    # one incident open, and sshd, ntpd and syslog-ng failures hours later on that node were folded under it.
+    storm = [_ev(T0 + 60 * i, "tbird-admin1", "infra/discovered/got-not-answer", line=i + 1) for i in range(180)]
+    later = [_ev(T0 + 7200, "tbird-admin1", "infra/discovered/sshd-fatal", line=500),
+             _ev(T0 + 7500, "tbird-admin1", "infra/discovered/ntpd-failed", line=501)]
+    incidents, member = build_incidents(storm + later, taxonomy=taxonomy, window_s=900)
+    assert len({member[i] for i in range(180)}) == 1  # the storm is one incident
+    assert member[180] != member[0] and member[181] != member[0]
+    # a failure that starts with the storm on its node is still part of it
+    near = [_ev(T0 + 120, "tbird-admin1", "infra/discovered/sshd-fatal", line=600)]
+    incidents, member = build_incidents(storm + near, taxonomy=taxonomy, window_s=900)
+    assert member[180] == member[0]
+
+
+def test_the_operator_reads_incidents_first_and_a_recurring_root_ranks_below_a_new_one(taxonomy):
+    from reliability.logs.report_terminal import ranked_incidents
+
+    storms = [_ev(T0 + 3600 * k, "admin1", "infra/discovered/got-not-answer", line=k) for k in range(5)]
+    news = [_ev(T0 + 3600 * 6, "gpu-a07", "hardware/gpu/xid-79", line=99)]
+    incidents, _ = build_incidents(storms + news, taxonomy=taxonomy, window_s=900)
+    assert ranked_incidents(incidents)[0].root_category == "hardware/gpu/xid-79"
