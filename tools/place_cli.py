@@ -5,7 +5,7 @@ and :mod:`replication.forecast`. Examples::
 
     ucp place eval --intervals 2000 --json placement.json --plot placement.png
     ucp place eval --families correlated-rack --logs analysis.json --no-online
-    ucp place train --timesteps 120000 --out my-policy.zip
+    ucp place train --timesteps 120000 --out my-policy.safetensors
     ucp place forecast --intervals 2000
 
 Exit codes: 0 ok; 2 usage or input error.
@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     ev.add_argument("--families", default=None, metavar="A,B", help="families to run (default: all four)")
     ev.add_argument("--replicas", type=int, default=2, help="replica budget per shard, on average (default 2)")
     ev.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
-    ev.add_argument("--policy-file", metavar="FILE.zip", help="trained RL policy (default: the shipped one)")
+    ev.add_argument("--policy-file", metavar="FILE.safetensors",
+                    help="trained RL policy, as `ucp place train` writes it (default: the shipped one)")
     ev.add_argument("--no-online", action="store_true", help="do not retrain the RL policy during the run")
     ev.add_argument("--json", metavar="FILE", help="write {scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
                         description="Train the RL placement policy on simulated synthetic-family episodes "
                                     "(seeds disjoint from evaluation) and save it.")
     tr.add_argument("--timesteps", type=int, default=120_000, help="PPO environment steps (default 120000)")
-    tr.add_argument("--out", metavar="FILE.zip", help="where to save (default: the shipped policy file)")
+    tr.add_argument("--out", metavar="FILE.safetensors", help="where to save (default: the shipped policy file)")
     tr.add_argument("--max-nodes", type=int, default=None, help="largest cluster the policy serves (default 32)")
     tr.set_defaults(func=run_train)
     fc = sub.add_parser("forecast", parents=[common], help="failure forecast quality on held-out traces",
@@ -141,6 +142,7 @@ def _print_report(report) -> None:
 def run_train(args) -> int:
     from replication.errors import PlacementInputError
     from replication.rl_env import MAX_NODES
+    from replication.policy_file import save_policy
     from replication.rl_policy import shipped_policy_path, train_policy
 
     if args.timesteps < 1 or args.intervals < 1:
@@ -151,7 +153,8 @@ def run_train(args) -> int:
         model = train_policy(timesteps=args.timesteps, seed=args.seed, intervals=args.intervals, spec=_spec(args),
                              max_nodes=args.max_nodes or MAX_NODES, pretrain_intervals=args.pretrain_intervals,
                              progress=lambda n: bar.update(task, completed=min(n, args.timesteps)))
-    model.save(out)
+    save_policy(model, out, trained={"timesteps": args.timesteps, "seed": args.seed, "intervals": args.intervals,
+                                     "cluster": str(_spec(args))})
     if not args.quiet:
         print(f"saved {out}")
     return 0

@@ -75,7 +75,7 @@ def test_forecast_command(tmp_path):
 
 
 def test_train_command_writes_a_loadable_policy(tmp_path):
-    out = tmp_path / "p.zip"
+    out = tmp_path / "p.safetensors"
     assert main(["place", "train", "--timesteps", "1024", "--intervals", "100", "--pretrain-intervals", "100",
                  "--out", str(out), "--quiet"]) == 0
     from replication.rl_policy import RLPolicy

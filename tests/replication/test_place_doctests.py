@@ -21,6 +21,7 @@ MODULES = [
     "replication.rl_env",
     "replication.rl_net",
     "replication.rl_policy",
+    "replication.policy_file",
     "replication.evaluate",
     "replication.replica_tiers",
     "replication.replica_map",
