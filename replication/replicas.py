@@ -48,6 +48,7 @@ from replication.replica_files import CheckpointFiles, array_owners, array_tenso
 from replication.replica_map import REPLICA_MAP_NAME, Holder, ReplicaMap
 from replication.replica_plan import RankInfo, plan_replication
 from replication.replica_tiers import CheckpointMeta, ReplicaTier
+from replication.replica_trust import map_problem
 from replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
 from ucp.errors import CheckpointNotFoundError, ManifestError, UcpError
@@ -123,7 +124,9 @@ class ReplicaManager:
         manifest = Manifest.from_json(manifest_bytes, source=files.path + "/" + MANIFEST_NAME, checkpoint=path,
                                       read_shard=files.read_shard)
         known = self._agreed_map(ck)
-        if known is None:
+        if known is not None:  # read back from a tier: checked against the manifest before it is used
+            self._agree(map_problem(manifest_bytes, known, ck, files, source=f"replica map of {path} in a tier"))
+        else:
             known = self._hash_own_arrays(path, files, manifest, ck)
         infos = self._gather(self._info(ck))
         plan = None
@@ -206,6 +209,7 @@ class ReplicaManager:
         source = next(r for r, inv in enumerate(inventories) if ck in inv)
         meta = self._bcast(self._meta(ck) if self._rank() == source else None, source)
         rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {path} on rank {source}")
+        self._agree(map_problem(meta.manifest, rmap, ck, files, source=f"replica map of {path} on rank {source}"))
         damaged = self._scan(files, rmap, whole=store_manifest is None)
         repaired, corrupt = self._repair(ck, path, files, rmap, meta.manifest, damaged, inventories)
         self._barrier()  # every array is in place before the manifest makes the checkpoint exist

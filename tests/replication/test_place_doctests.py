@@ -25,6 +25,7 @@ MODULES = [
     "replication.evaluate",
     "replication.replica_tiers",
     "replication.replica_map",
+    "replication.replica_trust",
     "replication.replica_files",
     "replication.replica_plan",
     "replication.replica_transfer",
