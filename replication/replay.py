@@ -90,7 +90,8 @@ def _text(value) -> str:
     return value
 
 
-def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where: str = "report") -> Trace:
+def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where: str = "report",
+                      seed: int | None = None, family: str = "log-replay") -> Trace:
     """The report's fatal incidents and events on ``intervals`` intervals of ``spec``'s cluster."""
     report = _checked(report, where)
     try:  # a report is read back from disk: every field is checked before it is used
@@ -113,6 +114,9 @@ def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where:
     slots: dict[str, int] = {}
     for _, node in sorted(fatal + [(t, node) for t, node, _ in events], key=lambda x: x[0]):
         slots.setdefault(node, len(slots) % spec.nodes)
+    if seed is not None:  # another seed, another mapping of log nodes to slots (and racks); same sequence
+        shuffle = np.random.default_rng(seed).permutation(spec.nodes)
+        slots = {node: int(shuffle[slot]) for node, slot in slots.items()}
     failures: list[list[frozenset]] = [[] for _ in range(intervals)]
     for stamp, node in sorted(fatal, key=lambda x: x[0]):
         failures[interval_of(stamp)].append(frozenset([slots[node]]))
@@ -122,4 +126,4 @@ def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where:
     monitor.flags.writeable = False
     # one node failing twice in an interval is one loss (it was already replaced by the first)
     merged = tuple(tuple(dict.fromkeys(events_t)) for events_t in failures)
-    return Trace("log-replay", spec, merged, monitor)
+    return Trace(family, spec, merged, monitor)

@@ -17,8 +17,10 @@ import json
 import sys
 
 _EPILOG = """\
-Scenario families: independent, correlated-rack, lemon, log-replay (default input: the shipped
-`ucp logs analyze --json` of loghub's HPC sample; --logs to replay your own). Policies:
+Scenario families: independent, correlated-rack, lemon (accelerated; the RL policy trains on
+these), published, published-x100 (Meta's published rates, and 100x), log-replay (default input:
+the shipped `ucp logs analyze --json` of loghub's HPC sample; --logs to replay your own),
+log-thunderbird (loghub's Thunderbird sample). Policies:
 static-random, rack-aware, group, greedy, rl. Modelling assumptions: docs/REPLICATION.md.
 """
 
@@ -33,7 +35,10 @@ def register(subparsers) -> None:
                         description="Replay identical seeded scenarios for every policy and report mean "
                                     "recovery time, remote-store share, data-loss events, storage and "
                                     "storage utilization.", epilog=_EPILOG)
-    ev.add_argument("--families", default=None, metavar="A,B", help="families to run (default: all four)")
+    ev.add_argument("--families", default=None, metavar="A,B", help="families to run (default: all)")
+    ev.add_argument("--seeds", type=int, default=1, help="scenarios per family; 95%% intervals from 2 (default 1)")
+    ev.add_argument("--optimum", type=int, default=0, metavar="N",
+                    help="also solve N small instances exactly and report each policy's gap (default 0)")
     ev.add_argument("--replicas", type=int, default=2, help="replica budget per shard, on average (default 2)")
     ev.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
     ev.add_argument("--policy-file", metavar="FILE.safetensors",
@@ -90,12 +95,13 @@ def run_eval(args) -> int:
     from replication.evaluate import EvalOptions, evaluate, plot
     from replication.scenarios import FAMILIES
 
-    if args.intervals < 1 or args.replicas < 1 or args.pretrain_intervals < 1:
-        raise PlacementInputError("--intervals, --replicas and --pretrain-intervals must be >= 1")
+    if min(args.intervals, args.replicas, args.pretrain_intervals, args.seeds) < 1 or args.optimum < 0:
+        raise PlacementInputError("--intervals, --replicas, --pretrain-intervals and --seeds must be >= 1")
     families = tuple(f.strip() for f in args.families.split(",")) if args.families else FAMILIES
     options = EvalOptions(intervals=args.intervals, seed=args.seed, replicas=args.replicas, families=families,
                           spec=_spec(args), report_path=args.logs, policy_path=args.policy_file,
-                          rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals)
+                          rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals,
+                          seeds=args.seeds, optimum_instances=args.optimum)
     with _progress(args.quiet) as bar:
         task = bar.add_task("forecaster", total=None)
 
@@ -122,18 +128,28 @@ def _print_report(report) -> None:
     console = Console()
     for family, rows in report.scenarios.items():
         quality = report.forecasts[family]
-        table = Table(title=f"{family}: {report.recoveries[family]} recoveries in {report.options.intervals} "
-                            f"intervals; forecast ROC-AUC {quality['roc_auc']:.2f}, ECE {quality['ece']:.4f}")
-        for col in ("policy", "mean recovery s", "vs static-random", "remote share", "data-loss events",
-                    "storage TB", "utilization"):
+        table = Table(title=f"{family}: {report.recoveries[family]} failures in {report.options.seeds} x "
+                            f"{report.options.intervals} intervals; forecast ROC-AUC {quality['roc_auc']:.2f}")
+        for col in ("policy", "ETTR", "95% interval", "downtime s", "rollback s", "lost work s", "mean recovery s",
+                    "data-loss events", "storage TB", "utilization"):
             table.add_column(col, justify="left" if col == "policy" else "right")
-        base = rows["static-random"]["mean_recovery_s"]
         for name in POLICY_NAMES:
             row = rows[name]
-            change = (row["mean_recovery_s"] / base - 1) if base else 0.0
-            table.add_row(name, f"{row['mean_recovery_s']:.1f}", f"{change:+.1%}", f"{row['remote_share']:.3f}",
-                          str(row["data_loss_events"]), f"{row['storage_bytes'] / 1e12:.2f}",
-                          f"{row['storage_utilization']:.4f}")
+            band = row["ci95"]["ettr"]
+            table.add_row(name, f"{row['ettr']:.5f}", f"{band[0]:.5f}-{band[1]:.5f}" if band else "-",
+                          f"{row['downtime_s']:.0f}", f"{row['rollback_s']:.0f}", f"{row['lost_work_s']:.0f}",
+                          f"{row['mean_recovery_s']:.1f}", f"{row['data_loss_events']:.3g}",
+                          f"{row['storage_bytes'] / 1e12:.2f}", f"{row['storage_utilization']:.4f}")
+        console.print(table)
+    if report.optimum:
+        table = Table(title=f"gap to the exact optimum, {report.optimum['instances']} small instances "
+                            f"({report.optimum['cluster']})")
+        for col in ("policy", "mean gap", "95% interval", "worst"):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for name, row in report.optimum["policies"].items():
+            band = row["ci95"]
+            table.add_row(name, f"{row['optimum_gap']:+.2%}", f"{band[0]:+.2%}..{band[1]:+.2%}" if band else "-",
+                          f"{row['max']:+.2%}")
         console.print(table)
     for line in comparisons(report):
         console.print(line)
