@@ -61,9 +61,12 @@ def test_eval_prints_the_table(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["place", "eval", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
-                                                "independent, correlated-rack, lemon, log-replay"),
-    (["place", "eval", "--intervals", "0"], "ucp place: error: --intervals, --replicas and --pretrain-intervals "
-                                            "must be >= 1"),
+                                                "independent, correlated-rack, lemon, log-replay, published, "
+                                                "published-x100, log-thunderbird"),
+    (["place", "eval", "--intervals", "0"], "ucp place: error: --intervals, --replicas, --pretrain-intervals and "
+                                            "--seeds must be >= 1"),
+    (["place", "eval", "--seeds", "0"], "ucp place: error: --intervals, --replicas, --pretrain-intervals and "
+                                        "--seeds must be >= 1"),
     (["place", "eval", "--cluster", "nodes=x"], "ucp place: error: cluster spec 'nodes=x': nodes needs a number, "
                                                 "got 'x'"),
     (["place", "eval", "--families", "log-replay", "--logs", "/nonexistent.json", "--pretrain-intervals", "50",
