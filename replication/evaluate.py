@@ -1,10 +1,15 @@
 """``ucp place eval``: every policy on identical seeded scenarios of every family.
 
-For each family one trace is made from its seed and the forecasts are computed
-once (a copy of the pretrained forecaster, learning online along the trace), so
-all five policies see the very same failures and the very same views. Each
-policy starts fresh per family (the RL policy from the shipped file, then
-retrained closed-loop on that family's outcomes only).
+For each family and seed one trace is made and the forecasts are computed once (a
+copy of the pretrained forecaster, learning online along the trace), so all five
+policies see the very same failures and the very same views. Each policy starts
+fresh per family and seed (the RL policy from the shipped file, then retrained
+closed-loop on that scenario's outcomes only, unless ``rl_online`` is off).
+Metrics are means over ``seeds`` scenarios with Student-t 95% intervals; families
+in ``EXPECTED`` (published rates) are evaluated by expectation over the true
+hazards (:func:`~replication.simulator.simulate_expected`), the others by replaying
+their failures. ``optimum_instances`` small instances are solved exactly
+(:mod:`replication.optimum`) for each policy's gap to the optimum.
 
 Example::
 
@@ -18,15 +23,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from replication.cluster import ClusterSpec
 from replication.errors import PlacementInputError
 from replication.forecast import evaluate_forecasts
 from replication.policies import baseline_policies
-from replication.scenarios import FAMILIES, build_scenario, pretrained_forecaster
-from replication.simulator import simulate
+from replication.optimum import SMALL_SPEC, optimum_gaps
+from replication.scenarios import EXPECTED, FAMILIES, HELD_OUT, build_scenario, pretrained_forecaster
+from replication.simulator import simulate, simulate_expected
 
 POLICY_NAMES = ("static-random", "rack-aware", "group", "greedy", "rl")
-METRICS = ("mean_recovery_s", "remote_share", "data_loss_events", "storage_bytes", "storage_utilization")
+METRICS = ("mean_recovery_s", "remote_share", "data_loss_events", "storage_bytes", "storage_utilization",
+           "failures", "downtime_s", "rollback_s", "lost_work_s", "ettr")
+INTERVAL_METRICS = ("ettr", "mean_recovery_s", "downtime_s", "rollback_s", "storage_utilization")
 
 
 @dataclass(frozen=True)
@@ -42,32 +52,61 @@ class EvalOptions:
     policy_path: str | None = None  # trained RL policy (default: the shipped one)
     rl_online: bool = True
     pretrain_intervals: int = 3000  # per synthetic family, for the forecaster's pretraining traces
+    seeds: int = 1  # scenarios per family (95% intervals from 2 on)
+    optimum_instances: int = 0  # small instances solved exactly for each policy's optimum gap (0: none)
 
     def __post_init__(self) -> None:
-        if self.intervals < 1:
-            raise PlacementInputError(f"intervals must be >= 1, got {self.intervals}")
+        if self.intervals < 1 or self.seeds < 1 or self.optimum_instances < 0:
+            raise PlacementInputError(f"intervals and seeds must be >= 1, got {self.intervals} and {self.seeds}")
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown or not self.families:
             raise PlacementInputError(
                 f"unknown scenario family '{(unknown or [''])[0]}'; choose from {', '.join(FAMILIES)}")
 
-    def family_seed(self, family: str) -> int:
-        return 100 * self.seed + FAMILIES.index(family)
+    def family_seed(self, family: str, k: int = 0) -> int:
+        return 100 * (self.seed + k) + FAMILIES.index(family)
 
 
 @dataclass(frozen=True)
 class EvalReport:
-    """Per family and policy the five metrics; forecast quality and recovery counts per family."""
+    """Per family and policy the metrics (means over seeds, 95% intervals); forecasts, recoveries, optimum."""
 
     scenarios: dict
     forecasts: dict
     recoveries: dict
     options: EvalOptions
+    optimum: dict | None = None
 
     def to_dict(self) -> dict:
-        """Exactly the ``--json`` document: ``{"scenarios": {family: {policy: {metric: value}}}}``."""
-        return {"scenarios": {fam: {pol: dict(vals) for pol, vals in rows.items()}
-                              for fam, rows in self.scenarios.items()}}
+        """Exactly the ``--json`` document: ``{"scenarios": {family: {policy: {metric: value}}}, ...}``."""
+        out = {"scenarios": {fam: {pol: dict(vals) for pol, vals in rows.items()}
+                             for fam, rows in self.scenarios.items()},
+               "seeds": self.options.seeds, "held_out": [f for f in self.scenarios if f in HELD_OUT]}
+        if self.optimum is not None:
+            out["optimum"] = self.optimum
+        return out
+
+
+def ci95(values) -> list[float] | None:
+    """Student-t 95% interval of the mean (None for fewer than two values)."""
+    import numpy as np
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return None
+    half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+    mean = float(values.mean())
+    return [mean - half, mean + half]
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Means over seeds of every metric, and ``ci95`` for the ones a comparison rests on."""
+    import numpy as np
+
+    row = {m: float(np.mean([r[m] for r in runs])) for m in METRICS}
+    row["ci95"] = {m: ci95([r[m] for r in runs]) for m in INTERVAL_METRICS}
+    return row
 
 
 def make_policies(options: EvalOptions, seed: int) -> list:
@@ -78,42 +117,58 @@ def make_policies(options: EvalOptions, seed: int) -> list:
 
 
 def evaluate(options: EvalOptions = EvalOptions(), *, progress=None) -> EvalReport:
-    """Run every policy on every family; ``progress(family, policy, done, total)`` is called per interval."""
+    """Run every policy on every family and seed; ``progress(family, policy, done, total)`` per interval."""
     forecaster = pretrained_forecaster(spec=options.spec, intervals=options.pretrain_intervals)
     scenarios, forecasts, recoveries = {}, {}, {}
+    total = options.intervals * options.seeds
     for family in options.families:
-        seed = options.family_seed(family)
-        scenario = build_scenario(family, intervals=options.intervals, seed=seed, forecaster=forecaster,
-                                  spec=options.spec, replicas=options.replicas, report_path=options.report_path)
-        forecasts[family] = evaluate_forecasts(scenario.trace.failure_matrix(), scenario.forecasts)
-        recoveries[family] = scenario.trace.event_count()
-        scenarios[family] = {}
-        for policy in make_policies(options, seed):
-            done = [0]
+        runs: dict[str, list[dict]] = {}
+        quality, recoveries[family] = [], 0
+        for k in range(options.seeds):
+            seed = options.family_seed(family, k)
+            scenario = build_scenario(family, intervals=options.intervals, seed=seed, forecaster=forecaster,
+                                      spec=options.spec, replicas=options.replicas,
+                                      report_path=options.report_path)
+            quality.append(evaluate_forecasts(scenario.trace.failure_matrix(), scenario.forecasts))
+            recoveries[family] += scenario.trace.event_count()
+            run = simulate_expected if family in EXPECTED else simulate
+            for policy in make_policies(options, seed):
+                done = [k * options.intervals]
 
-            def tick(family=family, name=policy.name, done=done):
-                done[0] += 1
-                if progress is not None:
-                    progress(family, name, done[0], options.intervals)
+                def tick(family=family, name=policy.name, done=done):
+                    done[0] += 1
+                    if progress is not None:
+                        progress(family, name, done[0], total)
 
-            scenarios[family][policy.name] = simulate(policy, scenario, progress=tick).summary()
-    return EvalReport(scenarios, forecasts, recoveries, options)
+                runs.setdefault(policy.name, []).append(run(policy, scenario, progress=tick).summary())
+        scenarios[family] = {name: aggregate(r) for name, r in runs.items()}
+        forecasts[family] = {key: float(np.nanmean([q[key] for q in quality])) if not all(
+            np.isnan(q[key]) for q in quality) else float("nan") for key in quality[0]}
+    optimum = None
+    if options.optimum_instances:
+        gaps = optimum_gaps(make_policies(options, options.seed), seeds=options.optimum_instances)
+        optimum = {"instances": options.optimum_instances, "cluster": str(SMALL_SPEC),
+                   "policies": {name: {"optimum_gap": float(np.mean(g)), "ci95": ci95(g), "max": float(np.max(g))}
+                                for name, g in gaps.items()}}
+    return EvalReport(scenarios, forecasts, recoveries, options, optimum)
 
 
 def comparisons(report: EvalReport) -> list[str]:
-    """Plain sentences: RL against static random and against the best heuristic, per family."""
+    """Plain sentences per family: RL against the best heuristic by ETTR, with 95% intervals."""
     lines = []
     for family, rows in report.scenarios.items():
-        rl, base = rows["rl"], rows["static-random"]
+        rl = rows["rl"]
         heuristics = {k: v for k, v in rows.items() if k != "rl"}
-        best_name = min(heuristics, key=lambda k: heuristics[k]["mean_recovery_s"])
+        best_name = max(heuristics, key=lambda k: heuristics[k]["ettr"])
         best = heuristics[best_name]
-        cut = 1 - rl["mean_recovery_s"] / base["mean_recovery_s"] if base["mean_recovery_s"] else 0.0
-        vs_best = rl["mean_recovery_s"] / best["mean_recovery_s"] - 1 if best["mean_recovery_s"] else 0.0
-        storage = rl["storage_bytes"] / base["storage_bytes"] if base["storage_bytes"] else 0.0
-        lines.append(f"{family}: rl downtime {abs(cut):.1%} {'lower' if cut >= 0 else 'higher'} than static-random "
-                     f"at {storage:.2f}x its storage; {abs(vs_best):.1%} {'longer' if vs_best > 0 else 'shorter'} "
-                     f"than the best heuristic ({best_name})")
+        lost = lambda row: row["downtime_s"] + row["rollback_s"]  # noqa: E731 - what placement can change
+        change = lost(rl) / lost(best) - 1 if lost(best) else 0.0
+        a, b = rl["ci95"]["ettr"], best["ci95"]["ettr"]
+        verdict = ("intervals overlap" if a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+                   else "rl better" if a[0] > b[1] else "rl worse")
+        tag = "held-out" if family in HELD_OUT else "training family"
+        lines.append(f"{family} ({tag}): rl ETTR {rl['ettr']:.5f} vs {best_name} {best['ettr']:.5f} ({verdict}); "
+                     f"rl downtime + rollbacks {abs(change):.1%} {'higher' if change > 0 else 'lower'}")
     return lines
 
 

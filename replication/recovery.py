@@ -42,6 +42,7 @@ class Recovery:
     remote: bool
     data_loss: bool
     useful_bytes: float  # replica bytes of the lost fragments that survived (read, or ready to be)
+    rework_s: float = 0.0  # of ``seconds``: the intervals trained again after a rollback (data loss)
 
 
 def recover(request: PlacementRequest, placement: Placement, *, spec: ClusterSpec, lost: frozenset,
@@ -70,6 +71,6 @@ def recover(request: PlacementRequest, placement: Placement, *, spec: ClusterSpe
     if missing and stale > 0:
         every = [f.nbytes for f in request.fragments]
         reload = max(max(every) / spec.remote_bandwidth_bps, sum(every) / spec.remote_aggregate_bps)
-        return Recovery(spec.restart_s + reload + stale * spec.interval_s, True, True, useful)
+        return Recovery(spec.restart_s + reload + stale * spec.interval_s, True, True, useful, stale * spec.interval_s)
     remote_s = max(remote_largest / spec.remote_bandwidth_bps, remote_bytes / spec.remote_aggregate_bps)
     return Recovery(spec.restart_s + max([remote_s, *busy.values()]), missing, False, useful)

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from replication.failures import CHANNELS, Trace
 # Versions 1 and 2 agree on every field read here (events: timestamp, node, category; incidents:
 # start, fatal, root_cause.node); 2 added severities and mined categories, which replay ignores.
 SCHEMA_VERSIONS = (1, 2)
+REPORT_LIMIT = 1 << 30  # far above any real report; refuses a device or a runaway file before reading it
 
 
 def channel_of(category: str) -> int:
@@ -49,10 +51,17 @@ def channel_of(category: str) -> int:
 
 def load_report(path: str | Path) -> dict:
     """Read and check a ``ucp logs analyze --json`` report."""
+    from ucp.confined import read_regular_file
+    from ucp.errors import UnsafePathError
+
     try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        report = json.loads(read_regular_file(path, limit=REPORT_LIMIT, what="a `ucp logs analyze --json` report"))
     except json.JSONDecodeError as err:
         raise FailureLogError(f"{path}: not JSON ({err}); expected the output of `ucp logs analyze --json`") from None
+    except UnicodeDecodeError as err:
+        raise FailureLogError(f"{path}: not UTF-8 ({err.reason}); expected the output of `ucp logs analyze --json`") from None
+    except UnsafePathError as err:
+        raise FailureLogError(str(err)) from None
     except OSError as err:
         raise FailureLogError(f"{path}: cannot read ({err.strerror})") from None
     return _checked(report, str(path))
@@ -68,15 +77,33 @@ def _checked(report, where: str) -> dict:
     return report
 
 
-def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where: str = "report") -> Trace:
+def _stamp(value) -> float:
+    stamp = float(value) if not isinstance(value, bool) else math.nan
+    if not math.isfinite(stamp):
+        raise ValueError(f"timestamp {value!r:.40} is not a finite number")
+    return stamp
+
+
+def _text(value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r:.40}")
+    return value
+
+
+def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where: str = "report",
+                      seed: int | None = None, family: str = "log-replay") -> Trace:
     """The report's fatal incidents and events on ``intervals`` intervals of ``spec``'s cluster."""
     report = _checked(report, where)
-    fatal = [(float(i["start"]), i["root_cause"]["node"]) for i in report["incidents"]
-             if i.get("fatal") and i.get("start") is not None and (i.get("root_cause") or {}).get("node")]
+    try:  # a report is read back from disk: every field is checked before it is used
+        fatal = [(_stamp(i["start"]), _text(i["root_cause"]["node"])) for i in report["incidents"]
+                 if i.get("fatal") and i.get("start") is not None and (i.get("root_cause") or {}).get("node")]
+        events = [(_stamp(e["timestamp"]), _text(e["node"]), _text(e["category"])) for e in report["events"]
+                  if e.get("timestamp") is not None and e.get("node")]
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        raise FailureLogError(f"{where}: a malformed incident or event ({type(err).__name__}: {err}); expected the "
+                              "output of `ucp logs analyze --json`") from None
     if not fatal:
         raise FailureLogError(f"{where}: no fatal incident with a timestamp and a root-cause node to replay")
-    events = [(float(e["timestamp"]), e["node"], e["category"]) for e in report["events"]
-              if e.get("timestamp") is not None and e.get("node")]
     stamps = [t for t, _ in fatal] + [t for t, _, _ in events]
     first, last = min(stamps), max(stamps)
     span = max(last - first, 1.0)
@@ -87,6 +114,9 @@ def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where:
     slots: dict[str, int] = {}
     for _, node in sorted(fatal + [(t, node) for t, node, _ in events], key=lambda x: x[0]):
         slots.setdefault(node, len(slots) % spec.nodes)
+    if seed is not None:  # another seed, another mapping of log nodes to slots (and racks); same sequence
+        shuffle = np.random.default_rng(seed).permutation(spec.nodes)
+        slots = {node: int(shuffle[slot]) for node, slot in slots.items()}
     failures: list[list[frozenset]] = [[] for _ in range(intervals)]
     for stamp, node in sorted(fatal, key=lambda x: x[0]):
         failures[interval_of(stamp)].append(frozenset([slots[node]]))
@@ -96,4 +126,4 @@ def trace_from_report(report: dict, *, spec: ClusterSpec, intervals: int, where:
     monitor.flags.writeable = False
     # one node failing twice in an interval is one loss (it was already replaced by the first)
     merged = tuple(tuple(dict.fromkeys(events_t)) for events_t in failures)
-    return Trace("log-replay", spec, merged, monitor)
+    return Trace(family, spec, merged, monitor)

@@ -11,7 +11,8 @@ file and of the whole blob.
 
 Example::
 
-    >>> record = ArrayRecord(key="r0/000001-w", owner=0, digest="00", files=(FileRecord("zarr.json", 2, "aa"),),
+    >>> record = ArrayRecord(key="r0/000001-w", owner=0, digest="0" * 16,
+    ...                      files=(FileRecord("zarr.json", 2, "a" * 16),),
     ...                      holders=(Holder(rank=0, tier="memory"),))
     >>> rmap = ReplicaMap(checkpoint="c0ffee", path="/ck/step_1", generation=7, policy="group",
     ...                   nodes=("n0", "n1"), arrays={record.key: record})
@@ -22,14 +23,18 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from replication.cluster import TIERS
 from ucp.errors import ManifestError
+from ucp.fragment_checks import is_safe_key
 
 REPLICA_MAP_NAME = "replicas.json"
 REPLICA_MAP_VERSION = 1
+_DIGEST = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,42 @@ class ArrayRecord:
 
     @classmethod
     def from_dict(cls, key: str, data: dict) -> "ArrayRecord":
-        return cls(key=key, owner=int(data["owner"]), digest=str(data["digest"]),
-                   files=tuple(FileRecord(str(n), int(s), str(d)) for n, s, d in data["files"]),
-                   holders=tuple(Holder(int(h["rank"]), str(h["tier"])) for h in data["holders"]))
+        """One record read back from a file: every key, name and number is checked before it is used."""
+        if not is_safe_key(key):
+            raise ValueError(f"array key {key[:200]!r} is not a relative path of plain names under data/")
+        files = tuple(FileRecord(_name(n, key), _count(s, f"size of {key}/{n}"), _hex(d, f"digest of {key}/{n}"))
+                      for n, s, d in data["files"])
+        if len({f.name for f in files}) != len(files):
+            raise ValueError(f"array {key!r} lists a file twice")
+        holders = tuple(Holder(_count(h["rank"], f"holder rank of {key}"), _tier(h["tier"], key))
+                        for h in data["holders"])
+        return cls(key=key, owner=_count(data["owner"], f"owner of {key}"), digest=_hex(data["digest"], key),
+                   files=files, holders=holders)
+
+
+def _count(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r:.40}")
+    return value
+
+
+def _hex(value, what: str) -> str:
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise ValueError(f"{what}: digest must be 16 hex digits, got {value!r:.40}")
+    return value
+
+
+def _name(value, key: str) -> str:
+    """A file of an array directory: one plain name (``zarr.json``, a chunk), never a path."""
+    if not is_safe_key(value) or "/" in value:
+        raise ValueError(f"array {key!r} names file {str(value)[:200]!r}; a file name must be one plain name")
+    return value
+
+
+def _tier(value, key: str) -> str:
+    if value not in TIERS:
+        raise ValueError(f"array {key!r}: holder tier {value!r:.40} is not one of {', '.join(TIERS)}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from urllib.parse import quote, unquote
 
 from replication.cluster import DISK, MEMORY
 from replication.errors import PlacementInputError, ReplicaCapacityError
+from ucp.errors import ManifestError
+from ucp.fragment_checks import is_safe_key
 
 
 @dataclass(frozen=True)
@@ -206,9 +208,9 @@ class DiskTier(_BoundedTier):
             raw = self._read(checkpoint, None) if os.path.isdir(folder) else None
             if raw is None:
                 continue  # a checkpoint whose metadata never landed is not usable: ignored
-            self._metas[checkpoint] = _parse_meta(raw)
+            self._metas[checkpoint] = _parse_meta(raw, where=os.path.join(folder, _META_FILE))
             self._sizes[checkpoint] = {
-                unquote(name[:-5]): os.path.getsize(os.path.join(folder, name))
+                _blob_key(folder, name): os.path.getsize(os.path.join(folder, name))
                 for name in os.listdir(folder) if name.endswith(".blob")}
 
     def _file(self, checkpoint: str, key: str | None) -> str:
@@ -244,9 +246,26 @@ class DiskTier(_BoundedTier):
             os.rmdir(folder)
 
 
-def _parse_meta(raw: bytes) -> CheckpointMeta:
-    head, rest = raw.split(b"\n", 1)  # the head is one line of JSON; manifest and map follow, unescaped
-    facts = json.loads(head)
-    cut = facts["manifest_bytes"]
-    return CheckpointMeta(path=facts["path"], generation=facts["generation"], manifest=rest[:cut],
-                          replica_map=rest[cut:])
+def _blob_key(folder: str, name: str) -> str:
+    """The array key a blob file stands for, checked as a manifest's keys are (it is read back from disk)."""
+    key = unquote(name[:-5])
+    if not is_safe_key(key) or quote(key, safe="") + ".blob" != name:
+        raise ManifestError(f"{os.path.join(folder, name)}: replica blob for array key {key[:200]!r}, which is not a "
+                            "relative path of plain names under data/; the replica tier is damaged - remove that "
+                            "file (or the tier's folder) and replicate again")
+    return key
+
+
+def _parse_meta(raw: bytes, *, where: str = _META_FILE) -> CheckpointMeta:
+    # The head is one line of JSON; manifest and map follow, unescaped.
+    try:
+        head, rest = raw.split(b"\n", 1)
+        facts = json.loads(head)
+        path, generation, cut = facts["path"], facts["generation"], facts["manifest_bytes"]
+        if not isinstance(path, str) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
+                                            for v in (generation, cut)) or cut > len(rest):
+            raise ValueError("path must be a string, generation and manifest_bytes integers within the file")
+    except (ValueError, KeyError, TypeError) as err:
+        raise ManifestError(f"{where}: not replica metadata this version reads ({err}); the replica tier is "
+                            "damaged - remove its folder and replicate again") from None
+    return CheckpointMeta(path=path, generation=generation, manifest=rest[:cut], replica_map=rest[cut:])

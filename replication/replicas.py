@@ -35,7 +35,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from replication.replica_files import CheckpointFiles, array_owners, array_tenso
 from replication.replica_map import REPLICA_MAP_NAME, Holder, ReplicaMap
 from replication.replica_plan import RankInfo, plan_replication
 from replication.replica_tiers import CheckpointMeta, ReplicaTier
+from replication.replica_trust import map_problem
 from replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
 from ucp.errors import CheckpointNotFoundError, ManifestError, UcpError
@@ -86,7 +87,7 @@ class ReplicaManager:
     def __init__(self, *, tiers: Sequence[ReplicaTier], policy: PlacementPolicy | None = None, replicas: int = 2,
                  process_group: Any = None, node: str | None = None, rack: int | None = None, keep: int = 1,
                  verify_store: bool = False, round_bytes: int = ROUND_BYTES,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, risk: Callable[[str], float] | None = None) -> None:
         if not tiers:
             raise PlacementInputError("ReplicaManager needs at least one tier (MemoryTier or DiskTier)")
         if len({t.tier for t in tiers}) != len(tiers):
@@ -104,6 +105,8 @@ class ReplicaManager:
         self.verify_store = verify_store
         self.round_bytes = round_bytes
         self.storage_options = storage_options
+        self.risk = risk  # node name -> P(fails in the next interval), e.g. from LogRisk; None: 0
+        self._forecasts: dict[str, tuple[float, ...]] = {}  # path -> every rank's forecast at its last placement
 
     # ------------------------------------------------------------ replicate
     def replicate(self, path: str | os.PathLike) -> ReplicaMap:
@@ -113,8 +116,27 @@ class ReplicaManager:
         """
         return self._replicate(os.fspath(path))[0]
 
-    def _replicate(self, path: str) -> tuple[ReplicaMap, int]:
-        """The map and the number of copies sent to peers."""
+    def replace_if_forecasts_changed(self, path: str | os.PathLike, *, tolerance: float = 0.5) -> bool:
+        """Place the checkpoint at ``path`` again when some rank's forecast moved (collective).
+
+        A forecast counts as moved when it differs from the one the last placement used by more
+        than ``tolerance`` times the larger of the two (or there was no placement here yet). The
+        new placement reuses copies where it can and drops the copies it no longer places, so the
+        replicas follow the risk within the same budget. Returns whether it placed again.
+        """
+        path = os.fspath(path)
+        now = tuple(self._gather(self._forecast()))
+        before = self._forecasts.get(path)
+        moved = before is None or any(abs(a - b) > tolerance * max(a, b, 1e-12) for a, b in zip(now, before))
+        if moved:
+            self._replicate(path, prune=True)
+        return moved
+
+    def _forecast(self) -> float:
+        return float(self.risk(self.node)) if self.risk is not None else 0.0
+
+    def _replicate(self, path: str, *, prune: bool = False) -> tuple[ReplicaMap, int]:
+        """The map and the number of copies sent to peers (``prune``: drop held copies no longer placed)."""
         files = CheckpointFiles(path, storage_options=self.storage_options)
         manifest_bytes = self._bcast(files.read(MANIFEST_NAME) if self._rank() == 0 else None, 0)
         if manifest_bytes is None:
@@ -123,9 +145,12 @@ class ReplicaManager:
         manifest = Manifest.from_json(manifest_bytes, source=files.path + "/" + MANIFEST_NAME, checkpoint=path,
                                       read_shard=files.read_shard)
         known = self._agreed_map(ck)
-        if known is None:
+        if known is not None:  # read back from a tier: checked against the manifest before it is used
+            self._agree(map_problem(manifest_bytes, known, ck, files, source=f"replica map of {path} in a tier"))
+        else:
             known = self._hash_own_arrays(path, files, manifest, ck)
         infos = self._gather(self._info(ck))
+        self._forecasts[path] = tuple(i.failure_probability for i in infos)
         plan = None
         if self._rank() == 0:
             plan = plan_replication(known.arrays, infos, policy=self.policy, replicas=self.replicas)
@@ -146,6 +171,11 @@ class ReplicaManager:
         problems += exchange(transfers, load=lambda t: self._blob(ck, files, planned, t.key), deliver=deliver,
                              group=self.process_group, round_bytes=self.round_bytes)
         self._agree("; ".join(problems) or None)
+        if prune:  # copies the new placement does not keep: the budget follows the forecasts
+            for tier in self.tiers:
+                for key in tier.keys(ck):
+                    if key in planned.arrays and Holder(self._rank(), tier.tier) not in planned.arrays[key].holders:
+                        tier.discard(ck, key)
         self._evict_beyond_keep()
         final = planned.with_holders(self._actual_holders(ck, planned))
         self._put_meta(ck, CheckpointMeta(path, final.generation, manifest_bytes, final.to_json().encode()))
@@ -206,6 +236,7 @@ class ReplicaManager:
         source = next(r for r, inv in enumerate(inventories) if ck in inv)
         meta = self._bcast(self._meta(ck) if self._rank() == source else None, source)
         rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {path} on rank {source}")
+        self._agree(map_problem(meta.manifest, rmap, ck, files, source=f"replica map of {path} on rank {source}"))
         damaged = self._scan(files, rmap, whole=store_manifest is None)
         repaired, corrupt = self._repair(ck, path, files, rmap, meta.manifest, damaged, inventories)
         self._barrier()  # every array is in place before the manifest makes the checkpoint exist
@@ -339,7 +370,8 @@ class ReplicaManager:
     def _info(self, ck: str) -> RankInfo:
         held = self._inventory().get(ck, ("", 0, {}))[2]
         free = {t.tier: t.capacity_bytes - t.checkpoint_bytes(ck) for t in self.tiers}
-        return RankInfo(rank=self._rank(), node=self.node, rack=self.rack, free=free, held=held)
+        return RankInfo(rank=self._rank(), node=self.node, rack=self.rack, free=free, held=held,
+                        failure_probability=self._forecast())
 
     def _agreed_map(self, ck: str) -> ReplicaMap | None:
         """The replica map of ``ck`` if any rank holds one (re-replication reuses its records: no rehash)."""

@@ -32,7 +32,7 @@ class NodeScorer(nn.Module):
 
     def __init__(self, *, max_nodes: int, hidden: int = 64):
         super().__init__()
-        self.max_nodes = max_nodes
+        self.max_nodes, self.hidden = max_nodes, hidden
         self.node_mlp = nn.Sequential(nn.Linear(NODE_FEATURES + GLOBAL_FEATURES, hidden), nn.Tanh(),
                                       nn.Linear(hidden, hidden), nn.Tanh())
         self.tier_head = nn.Linear(hidden, 2)

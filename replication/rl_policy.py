@@ -2,7 +2,8 @@
 
 :func:`train_policy` trains from scratch on simulated episodes of the synthetic
 families (never the evaluated seeds) and is what ``ucp place train`` runs; the
-result ships as ``replication/data/placement-policy.zip``. :class:`RLPolicy`
+result ships as ``replication/data/placement-policy.safetensors`` (weights and
+JSON configuration, :mod:`replication.policy_file`: nothing unpickled). :class:`RLPolicy`
 places greedily (arg-max over the *masked* logits, so it never picks an invalid
 site) and, when ``online``, keeps the outcomes that followed its placements and
 fine-tunes PPO on them every ``retrain_every`` intervals: the failures that
@@ -24,11 +25,9 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
-from replication.errors import PolicyFileError
 from replication.placement import ClusterView, Placement, PlacementRequest
 from replication.rl_env import MAX_NODES, PlacementBuilder, PlacementEnv, ReplayedEpisodes, SimulatedEpisodes
 
@@ -38,7 +37,15 @@ PPO_SETTINGS = {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "learning_rate
 
 
 def shipped_policy_path():
-    return resources.files("replication") / "data" / "placement-policy.zip"
+    return resources.files("replication") / "data" / "placement-policy.safetensors"
+
+
+def quiet_logger():
+    """A logger that writes nothing: stable-baselines3's default makes a ``SB3-<time>`` folder in the
+    system temp directory on every ``learn()`` (hundreds per evaluation) and never removes it."""
+    from stable_baselines3.common.logger import Logger
+
+    return Logger(folder=None, output_formats=[])
 
 
 @contextlib.contextmanager
@@ -89,6 +96,7 @@ def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=N
     with _one_thread():
         envs = _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes))
         model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0, **PPO_SETTINGS)
+        model.set_logger(quiet_logger())
         model.learn(total_timesteps=timesteps, callback=_Progress())
     return model
 
@@ -109,15 +117,21 @@ class RLPolicy:
 
     @classmethod
     def load(cls, path=None, *, seed: int = 0, **options) -> "RLPolicy":
-        """The shipped policy (or ``path``), ready to place and to keep learning."""
-        from sb3_contrib import MaskablePPO
+        """The shipped policy (or ``path``), ready to place and to keep learning.
 
-        path = Path(str(path or shipped_policy_path()))
-        if not path.is_file():
-            raise PolicyFileError(f"{path}: no trained placement policy; run `ucp place train --out {path}`")
-        model = MaskablePPO.load(path, device="cpu")
-        model.set_random_seed(seed)
+        Only safetensors policy files are read (:mod:`replication.policy_file`); nothing is unpickled.
+        """
+        from replication.policy_file import build_model, read_policy
+
+        where = str(path or shipped_policy_path())
+        model = build_model(read_policy(where), where=where, seed=seed)
         return cls(model, **options)
+
+    def save(self, path) -> None:
+        """Write the policy as it is now (after any retraining) in the safe format."""
+        from replication.policy_file import save_policy
+
+        save_policy(self.model, path)
 
     @property
     def max_nodes(self) -> int:
@@ -145,5 +159,6 @@ class RLPolicy:
         self._since, self._actor = 0, None
         source = ReplayedEpisodes(self.history)
         self.model.set_env(_vec(lambda: PlacementEnv(source=source, max_nodes=self.max_nodes)))
+        self.model.set_logger(quiet_logger())
         with _one_thread():
             self.model.learn(total_timesteps=self.retrain_steps, reset_num_timesteps=False)

@@ -6,11 +6,16 @@ lifetimes plus rack-wide failures (a ToR switch or PDU), some announced by link
 flaps. ``lemon``: two of sixteen slots fail twelve times as often and log more
 noise. ``log-replay``: the fatal incidents and events of a ``ucp logs analyze
 --json`` report (by default the shipped analysis of the loghub HPC sample).
+``published`` / ``published-x100``: node failures at the rate Meta reports for its
+research clusters and rack events at Llama 3's switch/cable share
+(:mod:`replication.published_rates`), at that rate or 100 times it.
+``log-thunderbird``: the Thunderbird sample of loghub, replayed like ``log-replay``.
 ``burst`` (RL training only, never evaluated): exponential lifetimes plus bursts of
 three nodes anywhere in the cluster at once (a file-system or scheduler outage).
 
-Rates are accelerated (a failure every ~10-15 intervals) so that a few thousand
-intervals hold enough recoveries to rank policies; docs/REPLICATION.md says so.
+The first three (and ``burst``) are accelerated (a failure every ~10-15 intervals) and
+are what the RL policy and the forecaster train on; the ``HELD_OUT`` families are never
+trained on and are the only ones a headline may come from (docs/REPLICATION.md).
 
 Example::
 
@@ -28,8 +33,16 @@ from replication.errors import PlacementInputError
 from replication.failures import FailureModel, Lifetime, Trace, generate_trace
 from replication.replay import load_report, trace_from_report
 
-FAMILIES = ("independent", "correlated-rack", "lemon", "log-replay")
+FAMILIES = ("independent", "correlated-rack", "lemon", "log-replay", "published", "published-x100",
+            "log-thunderbird")
 SYNTHETIC = FAMILIES[:3]
+# Never trained on (the RL policy and the forecaster's pretraining use SYNTHETIC + TRAINING_ONLY):
+# the families a headline may come from.
+HELD_OUT = ("published", "published-x100", "log-replay", "log-thunderbird")
+# Published rates make coincident failures rare: these are evaluated by expectation over the true
+# hazards (replication.expected), not by sampling failures.
+EXPECTED = ("published",)
+LOGS = {"log-replay": "loghub-hpc-analysis.json", "log-thunderbird": "loghub-thunderbird-analysis.json"}
 # Trained on, never evaluated: correlated failures that respect no rack (the RL policy's training mix).
 TRAINING_ONLY = ("burst",)
 
@@ -44,18 +57,25 @@ MODELS = {
 }
 
 
-def default_report_path():
-    """The shipped ``ucp logs analyze --json`` of loghub's HPC sample (real failure sequence)."""
-    return resources.files("replication") / "data" / "loghub-hpc-analysis.json"
+def default_report_path(family: str = "log-replay"):
+    """The shipped ``ucp logs analyze --json`` of a loghub sample (HPC, Thunderbird): a real failure sequence."""
+    return resources.files("replication") / "data" / LOGS[family]
 
 
 def family_trace(family: str, *, intervals: int, seed: int, spec: ClusterSpec | None = None,
                  report_path=None) -> Trace:
     """The trace of one scenario family; synthetic families are reproducible from ``seed``."""
     spec = spec or ClusterSpec()
-    if family == "log-replay":
-        path = report_path or default_report_path()
-        return trace_from_report(load_report(path), spec=spec, intervals=intervals, where=str(path))
+    if family in LOGS:
+        path = (report_path if family == "log-replay" else None) or default_report_path(family)
+        # the seed shuffles which cluster slot (and so which rack) each log node lands on
+        return trace_from_report(load_report(path), spec=spec, intervals=intervals, where=str(path),
+                                 seed=seed, family=family)
+    if family in ("published", "published-x100"):
+        from replication.published_rates import published_model
+
+        model = published_model(spec, acceleration=100.0 if family == "published-x100" else 1.0)
+        return generate_trace(spec, model, intervals=intervals, seed=seed, family=family)
     if family not in MODELS:
         raise PlacementInputError(f"unknown scenario family '{family}'; choose from {', '.join(FAMILIES)}")
     return generate_trace(spec, MODELS[family], intervals=intervals, seed=seed, family=family)

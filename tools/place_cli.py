@@ -5,7 +5,7 @@ and :mod:`replication.forecast`. Examples::
 
     ucp place eval --intervals 2000 --json placement.json --plot placement.png
     ucp place eval --families correlated-rack --logs analysis.json --no-online
-    ucp place train --timesteps 120000 --out my-policy.zip
+    ucp place train --timesteps 120000 --out my-policy.safetensors
     ucp place forecast --intervals 2000
 
 Exit codes: 0 ok; 2 usage or input error.
@@ -18,8 +18,10 @@ import sys
 from tools.output import add_json_option, console, json_on_stdout, write_json
 
 _EPILOG = """\
-Scenario families: independent, correlated-rack, lemon, log-replay (default input: the shipped
-`ucp logs analyze --json` of loghub's HPC sample; --logs to replay your own). Policies:
+Scenario families: independent, correlated-rack, lemon (accelerated; the RL policy trains on
+these), published, published-x100 (Meta's published rates, and 100x), log-replay (default input:
+the shipped `ucp logs analyze --json` of loghub's HPC sample; --logs to replay your own),
+log-thunderbird (loghub's Thunderbird sample). Policies:
 static-random, rack-aware, group, greedy, rl. Modelling assumptions: docs/REPLICATION.md.
 """
 
@@ -34,10 +36,14 @@ def register(subparsers) -> None:
                         description="Replay identical seeded scenarios for every policy and report mean "
                                     "recovery time, remote-store share, data-loss events, storage and "
                                     "storage utilization.", epilog=_EPILOG)
-    ev.add_argument("--families", default=None, metavar="A,B", help="families to run (default: all four)")
+    ev.add_argument("--families", default=None, metavar="A,B", help="families to run (default: all)")
+    ev.add_argument("--seeds", type=int, default=1, help="scenarios per family; 95%% intervals from 2 (default 1)")
+    ev.add_argument("--optimum", type=int, default=0, metavar="N",
+                    help="also solve N small instances exactly and report each policy's gap (default 0)")
     ev.add_argument("--replicas", type=int, default=2, help="replica budget per shard, on average (default 2)")
     ev.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
-    ev.add_argument("--policy-file", metavar="FILE.zip", help="trained RL policy (default: the shipped one)")
+    ev.add_argument("--policy-file", metavar="FILE.safetensors",
+                    help="trained RL policy, as `ucp place train` writes it (default: the shipped one)")
     ev.add_argument("--no-online", action="store_true", help="do not retrain the RL policy during the run")
     add_json_option(ev, "{scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
@@ -46,7 +52,7 @@ def register(subparsers) -> None:
                         description="Train the RL placement policy on simulated synthetic-family episodes "
                                     "(seeds disjoint from evaluation) and save it.")
     tr.add_argument("--timesteps", type=int, default=120_000, help="PPO environment steps (default 120000)")
-    tr.add_argument("--out", metavar="FILE.zip", help="where to save (default: the shipped policy file)")
+    tr.add_argument("--out", metavar="FILE.safetensors", help="where to save (default: the shipped policy file)")
     tr.add_argument("--max-nodes", type=int, default=None, help="largest cluster the policy serves (default 32)")
     tr.set_defaults(func=run_train)
     fc = sub.add_parser("forecast", parents=[common], help="failure forecast quality on held-out traces",
@@ -89,12 +95,13 @@ def run_eval(args) -> int:
     from replication.evaluate import EvalOptions, evaluate, plot
     from replication.scenarios import FAMILIES
 
-    if args.intervals < 1 or args.replicas < 1 or args.pretrain_intervals < 1:
-        raise PlacementInputError("--intervals, --replicas and --pretrain-intervals must be >= 1")
+    if min(args.intervals, args.replicas, args.pretrain_intervals, args.seeds) < 1 or args.optimum < 0:
+        raise PlacementInputError("--intervals, --replicas, --pretrain-intervals and --seeds must be >= 1")
     families = tuple(f.strip() for f in args.families.split(",")) if args.families else FAMILIES
     options = EvalOptions(intervals=args.intervals, seed=args.seed, replicas=args.replicas, families=families,
                           spec=_spec(args), report_path=args.logs, policy_path=args.policy_file,
-                          rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals)
+                          rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals,
+                          seeds=args.seeds, optimum_instances=args.optimum)
     with _progress("evaluating", "intervals", args.quiet) as update:
         report = evaluate(options, progress=lambda family, policy, done, total: update(done, total,
                                                                                         f"{family} / {policy}"))
@@ -115,18 +122,28 @@ def _print_report(report) -> None:
     out = console()
     for family, rows in report.scenarios.items():
         quality = report.forecasts[family]
-        table = Table(title=f"{family}: {report.recoveries[family]} recoveries in {report.options.intervals} "
-                            f"intervals; forecast ROC-AUC {quality['roc_auc']:.2f}, ECE {quality['ece']:.4f}")
-        for col in ("policy", "mean recovery s", "vs static-random", "remote share", "data-loss events",
-                    "storage TB", "utilization"):
+        table = Table(title=f"{family}: {report.recoveries[family]} failures in {report.options.seeds} x "
+                            f"{report.options.intervals} intervals; forecast ROC-AUC {quality['roc_auc']:.2f}")
+        for col in ("policy", "ETTR", "95% interval", "downtime s", "rollback s", "lost work s", "mean recovery s",
+                    "data-loss events", "storage TB", "utilization"):
             table.add_column(col, justify="left" if col == "policy" else "right")
-        base = rows["static-random"]["mean_recovery_s"]
         for name in POLICY_NAMES:
             row = rows[name]
-            change = (row["mean_recovery_s"] / base - 1) if base else 0.0
-            table.add_row(name, f"{row['mean_recovery_s']:.1f}", f"{change:+.1%}", f"{row['remote_share']:.3f}",
-                          str(row["data_loss_events"]), f"{row['storage_bytes'] / 1e12:.2f}",
-                          f"{row['storage_utilization']:.4f}")
+            band = row["ci95"]["ettr"]
+            table.add_row(name, f"{row['ettr']:.5f}", f"{band[0]:.5f}-{band[1]:.5f}" if band else "-",
+                          f"{row['downtime_s']:.0f}", f"{row['rollback_s']:.0f}", f"{row['lost_work_s']:.0f}",
+                          f"{row['mean_recovery_s']:.1f}", f"{row['data_loss_events']:.3g}",
+                          f"{row['storage_bytes'] / 1e12:.2f}", f"{row['storage_utilization']:.4f}")
+        out.print(table)
+    if report.optimum:
+        table = Table(title=f"gap to the exact optimum, {report.optimum['instances']} small instances "
+                            f"({report.optimum['cluster']})")
+        for col in ("policy", "mean gap", "95% interval", "worst"):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for name, row in report.optimum["policies"].items():
+            band = row["ci95"]
+            table.add_row(name, f"{row['optimum_gap']:+.2%}", f"{band[0]:+.2%}..{band[1]:+.2%}" if band else "-",
+                          f"{row['max']:+.2%}")
         out.print(table)
     for line in comparisons(report):
         out.print(line)
@@ -135,6 +152,7 @@ def _print_report(report) -> None:
 def run_train(args) -> int:
     from replication.errors import PlacementInputError
     from replication.rl_env import MAX_NODES
+    from replication.policy_file import save_policy
     from replication.rl_policy import shipped_policy_path, train_policy
 
     if args.timesteps < 1 or args.intervals < 1:
@@ -144,7 +162,8 @@ def run_train(args) -> int:
         model = train_policy(timesteps=args.timesteps, seed=args.seed, intervals=args.intervals, spec=_spec(args),
                              max_nodes=args.max_nodes or MAX_NODES, pretrain_intervals=args.pretrain_intervals,
                              progress=lambda n: update(min(n, args.timesteps), args.timesteps))
-    model.save(out)
+    save_policy(model, out, trained={"timesteps": args.timesteps, "seed": args.seed, "intervals": args.intervals,
+                                     "cluster": str(_spec(args))})
     if not args.quiet:
         print(f"saved {out}")
     return 0

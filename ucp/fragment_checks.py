@@ -94,3 +94,16 @@ def _raise_fragment_problem(name: str, frag: Fragment, shape: tuple[int, ...], i
             + "; the manifest is damaged - load an older checkpoint"
         )
     raise ManifestError(f"{where}: checksums must be {algorithm} digests of 16 lowercase hex digits")
+
+
+def is_safe_key(key: object) -> bool:
+    """A fragment key a reader may open: plain names under ``data/``, no ``.`` or ``..`` segment.
+
+    The same rule as :func:`check_fragment`'s, for keys read from files other than a
+    manifest (replica maps, replica tiers)::
+
+        >>> is_safe_key("r0/000001-w"), is_safe_key("r0/../../escape"), is_safe_key("/etc")
+        (True, False, False)
+    """
+    return (isinstance(key, str) and len(key) <= 1024 and bool(_SAFE_KEY.match(key))
+            and not any(part in (".", "..") for part in key.split("/")))

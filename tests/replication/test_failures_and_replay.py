@@ -110,6 +110,29 @@ def test_replay_refuses_what_is_not_an_analysis(tmp_path):
     assert str(err.value) == "x.json: no fatal incident with a timestamp and a root-cause node to replay"
 
 
+@pytest.mark.parametrize("incident, event, why", [
+    ({"fatal": True, "start": "soon", "root_cause": {"node": "n1"}}, None, "ValueError: could not convert string"),
+    ({"fatal": True, "start": float("nan"), "root_cause": {"node": "n1"}}, None, "timestamp nan is not a finite"),
+    ({"fatal": True, "start": 1.0, "root_cause": {"node": ["n1"]}}, None, "TypeError: expected a string"),
+    ({"fatal": True, "start": 1.0, "root_cause": "n1"}, None, "AttributeError"),
+    ({"fatal": True, "start": 1.0, "root_cause": {"node": "n1"}}, {"timestamp": 2.0, "node": "n1"}, "KeyError"),
+])
+def test_replay_refuses_malformed_incidents_by_file(incident, event, why):
+    report = {"schema_version": 2, "incidents": [incident], "events": [event] if event else []}
+    with pytest.raises(FailureLogError) as err:
+        trace_from_report(report, spec=SPEC, intervals=10, where="x.json")
+    assert str(err.value).startswith("x.json: a malformed incident or event (") and why in str(err.value)
+    assert str(err.value).endswith("expected the output of `ucp logs analyze --json`")
+
+
+def test_replay_refuses_a_fifo_without_blocking(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(FailureLogError, match="is a FIFO, not a regular file"):
+        load_report(tmp_path / "fifo.json")
+
+
 def test_bursts_take_nodes_anywhere_and_are_weighted_for_training():
     from replication.rl_env import SimulatedEpisodes
     from replication.simulator import Scenario

@@ -10,8 +10,11 @@ import pytest
 from tools.cli import main
 
 DATA = Path(__file__).parent / "data"
+from replication.scenarios import FAMILIES  # noqa: E402
+
 POLICIES = ["greedy", "group", "rack-aware", "rl", "static-random"]
-METRICS = ["data_loss_events", "mean_recovery_s", "remote_share", "storage_bytes", "storage_utilization"]
+METRICS = ["ci95", "data_loss_events", "downtime_s", "ettr", "failures", "lost_work_s", "mean_recovery_s",
+           "remote_share", "rollback_s", "storage_bytes", "storage_utilization"]
 
 
 @pytest.fixture(scope="module")
@@ -19,42 +22,51 @@ def evaluated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("place")
     out, png = tmp / "eval.json", tmp / "eval.png"
     code = main(["place", "eval", "--intervals", "40", "--pretrain-intervals", "300", "--families",
-                 "correlated-rack,log-replay", "--logs", str(DATA / "synthetic-analysis.json"), "--json", str(out),
-                 "--plot", str(png), "--quiet"])
+                 "correlated-rack,log-replay,published", "--logs", str(DATA / "synthetic-analysis.json"),
+                 "--json", str(out), "--plot", str(png), "--seeds", "2", "--optimum", "2", "--no-online", "--quiet"])
     return code, json.loads(out.read_text()), png
 
 
 def test_eval_json_is_exactly_the_documented_schema(evaluated):
     code, report, _ = evaluated
     assert code == 0
-    assert list(report) == ["scenarios"]
-    assert sorted(report["scenarios"]) == ["correlated-rack", "log-replay"]
+    assert list(report) == ["scenarios", "seeds", "held_out", "optimum"]
+    assert sorted(report["scenarios"]) == ["correlated-rack", "log-replay", "published"]
+    assert report["seeds"] == 2 and report["held_out"] == ["log-replay", "published"]
     for rows in report["scenarios"].values():
         assert sorted(rows) == POLICIES
         for metrics in rows.values():
             assert sorted(metrics) == METRICS
-            assert isinstance(metrics["data_loss_events"], int)
             assert 0 <= metrics["remote_share"] <= 1 and 0 <= metrics["storage_utilization"] <= 1
             assert metrics["storage_bytes"] <= 2 * 16 * 64e9  # never above the budget
+            assert 0 < metrics["ettr"] <= 1
+            lo, hi = metrics["ci95"]["ettr"]
+            assert lo <= metrics["ettr"] <= hi
+    assert sorted(report["optimum"]["policies"]) == POLICIES
+    assert all(row["optimum_gap"] >= -1e-9 for row in report["optimum"]["policies"].values())
 
 
 def test_eval_plot_is_a_png(evaluated):
     assert evaluated[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_eval_prints_the_table(capsys):
+def test_eval_prints_the_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # one line per sentence
     code = main(["place", "eval", "--intervals", "20", "--pretrain-intervals", "200", "--families", "lemon",
                  "--no-online"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "lemon:" in out and "static-random" in out and "than the best heuristic" in out
+    assert "lemon:" in out and "static-random" in out and "(training family): rl ETTR" in out
 
 
 @pytest.mark.parametrize("argv, message", [
     (["place", "eval", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
-                                                "independent, correlated-rack, lemon, log-replay"),
-    (["place", "eval", "--intervals", "0"], "ucp place: error: --intervals, --replicas and --pretrain-intervals "
-                                            "must be >= 1"),
+                                                "independent, correlated-rack, lemon, log-replay, published, "
+                                                "published-x100, log-thunderbird"),
+    (["place", "eval", "--intervals", "0"], "ucp place: error: --intervals, --replicas, --pretrain-intervals and "
+                                            "--seeds must be >= 1"),
+    (["place", "eval", "--seeds", "0"], "ucp place: error: --intervals, --replicas, --pretrain-intervals and "
+                                        "--seeds must be >= 1"),
     (["place", "eval", "--cluster", "nodes=x"], "ucp place: error: cluster spec 'nodes=x': nodes needs a number, "
                                                 "got 'x'"),
     (["place", "eval", "--families", "log-replay", "--logs", "/nonexistent.json", "--pretrain-intervals", "50",
@@ -70,12 +82,12 @@ def test_forecast_command(tmp_path):
     assert main(["place", "forecast", "--intervals", "300", "--pretrain-intervals", "300", "--json", str(out),
                  "--quiet"]) == 0
     report = json.loads(out.read_text())
-    assert sorted(report) == ["correlated-rack", "independent", "lemon", "log-replay"]
+    assert sorted(report) == sorted(FAMILIES)
     assert all({"roc_auc", "brier", "ece"} <= set(m) for m in report.values())
 
 
 def test_train_command_writes_a_loadable_policy(tmp_path):
-    out = tmp_path / "p.zip"
+    out = tmp_path / "p.safetensors"
     assert main(["place", "train", "--timesteps", "1024", "--intervals", "100", "--pretrain-intervals", "100",
                  "--out", str(out), "--quiet"]) == 0
     from replication.rl_policy import RLPolicy

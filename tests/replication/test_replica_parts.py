@@ -58,7 +58,7 @@ def test_disk_tier_outlives_its_process(tmp_path):
 
 
 def test_replica_map_round_trips_and_rejects_damage():
-    rec = ArrayRecord("r0/a", 0, "d1", (FileRecord("zarr.json", 5, "f1"), FileRecord("c.0", 7, "f2")),
+    rec = ArrayRecord("r0/a", 0, "d1" * 8, (FileRecord("zarr.json", 5, "f1" * 8), FileRecord("c.0", 7, "f2" * 8)),
                       (Holder(0, "memory"), Holder(2, "disk")))
     rmap = ReplicaMap(checkpoint="ab", path="/c", generation=3, policy="group", nodes=("n0", "n1", "n2"),
                       arrays={"r0/a": rec})

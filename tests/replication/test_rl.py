@@ -11,6 +11,7 @@ from replication.cluster import ClusterSpec
 from replication.errors import PlacementInputError, PolicyFileError
 from replication.placement import ClusterView, NodeState, PlacementRequest, validate_placement
 from replication.rl_env import PlacementBuilder, PlacementEnv, ReplayedEpisodes, SimulatedEpisodes
+from replication.policy_file import save_policy
 from replication.rl_policy import RLPolicy, train_policy
 from replication.simulator import Scenario, run_interval
 from replication.scenarios import family_trace
@@ -136,9 +137,9 @@ def test_too_large_a_cluster_is_refused(shipped):
 
 def test_missing_policy_file(tmp_path):
     with pytest.raises(PolicyFileError) as err:
-        RLPolicy.load(tmp_path / "none.zip")
-    assert str(err.value) == (f"{tmp_path / 'none.zip'}: no trained placement policy; "
-                              f"run `ucp place train --out {tmp_path / 'none.zip'}`")
+        RLPolicy.load(tmp_path / "none.safetensors")
+    assert str(err.value) == (f"{tmp_path / 'none.safetensors'}: no trained placement policy; "
+                              f"run `ucp place train --out {tmp_path / 'none.safetensors'}`")
 
 
 def test_short_training_run_is_reproducible_and_loads(tmp_path, source):
@@ -146,8 +147,8 @@ def test_short_training_run_is_reproducible_and_loads(tmp_path, source):
     b = train_policy(timesteps=1024, seed=3, scenarios=source.scenarios)
     for pa, pb in zip(a.policy.parameters(), b.policy.parameters()):
         assert torch.equal(pa, pb)
-    a.save(tmp_path / "p.zip")
-    policy = RLPolicy.load(tmp_path / "p.zip", online=False)
+    save_policy(a, tmp_path / "p.safetensors")
+    policy = RLPolicy.load(tmp_path / "p.safetensors", online=False)
     request, view = PlacementRequest.one_per_node(SPEC), ClusterView.uniform(SPEC, [0.01] * 16)
     validate_placement(request, view, policy.place(request, view))
 
