@@ -48,7 +48,7 @@ class HotPlan:
     kill_uid: int = 1
     spares: int = 0
     override: str | None = None       # a layout instead of the planner's choice
-    second_kill_uid: int | None = None  # SIGKILLed as soon as the first new generation is published
+    second_kill_uid: int | None = None  # SIGKILLed while the first new generation reshards (after it formed)
     corrupt_uid: int | None = None      # this process's held replicas are corrupted after the last save
     verify: bool = True                 # compare every logical tensor with the checkpoint (not timed)
     round_bytes: int = 64 << 20
@@ -293,10 +293,10 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
         elif kind == "reformed":
             report.generations = event["generation"]
             report.layout_after, report.why = event["layout"], event["why"]
-            if plan.second_kill_uid is not None and event["generation"] == 1:
-                agent.kill(plan.second_kill_uid)
         elif kind == "formed":
             times["formed"] = event["t"]  # the last generation's (a second failure re-forms again)
+            if plan.second_kill_uid is not None and event["generation"] == 1:
+                agent.kill(plan.second_kill_uid)  # a second failure while the survivors reshard
         elif kind == "recovered":
             times["recovered"] = event["t"]
             report.resumed_from = event["step"]
