@@ -55,6 +55,7 @@ class HotPlan:
     memory_bytes: int = 16 << 30
     collective_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
+    cold_cache: bool = False  # drop the checkpoints from the page cache just before the kill
 
     def __post_init__(self) -> None:
         if not self.save_every <= self.kill_after_step < self.steps:
@@ -309,6 +310,10 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
         elif kind == "verify_done":
             verify_s[0] = event["t"] - times["recovered"]
         if kind == "step" and "kill" not in times and event["step"] >= plan.kill_after_step and saved:
+            if plan.cold_cache:  # before the kill: not part of the recovery time
+                from integrations.page_cache import evict
+
+                evict(directory)
             times["kill"] = agent.kill(plan.kill_uid)
             notify({"kind": "killed", "uid": plan.kill_uid, "step": event["step"], "t": times["kill"]})
 
