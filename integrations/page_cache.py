@@ -32,7 +32,10 @@ def evict(path: str | os.PathLike) -> int:
     """Flush and drop from the page cache every file under ``path``; returns the bytes concerned."""
     total = 0
     for file in _files(os.fspath(path)):
-        fd = os.open(file, os.O_RDONLY)
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except FileNotFoundError:  # a temporary file renamed or removed meanwhile
+            continue
         try:
             os.fsync(fd)  # dirty pages cannot be dropped: write them back first
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -121,17 +121,21 @@ def _recover(ctx: ElasticContext, plan: HotPlan, tiers) -> Any:
         into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
         return fmap, into
 
+    began = time.perf_counter()
     tree, into, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes)
     summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
-               "path": report.path, "step": int(tree["step"])}
+               "path": report.path, "step": int(tree["step"]),
+               "seconds": {"plan": report.plan_s, "transfer": report.transfer_s, "storage": report.storage_s}}
     if m.active < m.world:  # idle ranks leave; the training ones form their own group
         if not m.training:
             ctx.emit("idle", summary=summary)
             ctx.leave()
             return None, None
         ctx.form("train", world=m.active)
+    resharded = time.perf_counter()
     trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
     trainer.load_tensors(into, tree, has_masters=masters[0])
+    summary["seconds"] |= {"reshard": resharded - began, "build": time.perf_counter() - resharded}
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, summary)
     if m.rank == 0:
