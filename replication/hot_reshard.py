@@ -22,8 +22,10 @@ for held arrays), so every chunk is checked against the manifest's checksums eit
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections import OrderedDict
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,7 +41,7 @@ from replication.replica_map import ReplicaMap
 from replication.replica_tiers import CheckpointMeta, ReplicaTier
 from replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
-from ucp.geometry import Box, FlatRange, region_shape
+from ucp.geometry import Box, FlatRange, region_pieces, region_shape
 from ucp.manifest import Manifest
 from ucp.peer_plan import Fetch, HeldFragment, PeerPlan, plan_sources
 from ucp.reader import CheckpointReader
@@ -85,22 +87,42 @@ def held_arrays(tiers: Sequence[ReplicaTier], checkpoint: str, rmap: ReplicaMap)
 
 
 class _MemoryCheckpoint:
-    """The held arrays of one checkpoint as a readable checkpoint (an in-memory store)."""
+    """The held arrays of one checkpoint as a readable checkpoint (an in-memory store).
 
-    def __init__(self, manifest: Manifest, rmap: ReplicaMap, blobs: dict[str, bytes]) -> None:
+    Regions are served from whole fragments read once (checked against their checksums) and
+    kept while they are asked for, up to ``cache_bytes``.
+    """
+
+    def __init__(self, manifest: Manifest, rmap: ReplicaMap, blobs: dict[str, bytes], *,
+                 cache_bytes: int = 256 << 20) -> None:
         self.url = f"memory://ucp-hot-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.store = MemoryStore(self.url)
         for key, blob in blobs.items():
             for name, data in split_blob(rmap.arrays[key], blob):
                 self.store.write_bytes(f"data/{key}/{name}", bytes(data))
+        self.manifest = manifest
         self.reader = CheckpointReader(self.url, opened=(self.store, manifest))
+        self.cache: OrderedDict[tuple[str, int], torch.Tensor] = OrderedDict()
+        self.cache_bytes = cache_bytes
 
-    def read(self, logical: str, box: Box) -> torch.Tensor:
-        # Fragments of a logical tensor are disjoint and ``box`` lies inside a held one, so the
-        # reader touches only arrays this rank holds.
-        return self.reader.read_tensor(logical, box)
+    def read(self, logical: str, index: int, box: Box) -> torch.Tensor:
+        """``box`` (inside fragment ``index`` of ``logical``, an array this rank holds)."""
+        entry = self.manifest.tensors[logical]
+        frag = entry.fragments[index]
+        data = self.cache.get((logical, index))
+        if data is None:
+            data = self.reader.read_fragment(logical, frag)
+            self.cache[(logical, index)] = data
+            held = sum(t.nbytes for t in self.cache.values())
+            while held > self.cache_bytes and len(self.cache) > 1:
+                held -= self.cache.popitem(last=False)[1].nbytes
+        if isinstance(frag.region, Box):
+            return data[box.relative_to(frag.region).slices()] if box.ndim else data
+        piece = next(p for p in region_pieces(frag.region, entry.shape) if p.box.contains(box))
+        return data.view(-1)[piece.span.start:piece.span.stop].view(piece.box.sizes)[box.relative_to(piece.box).slices()]
 
     def close(self) -> None:
+        self.cache.clear()
         self.reader.close()
         try:
             self.store.fs.rm(self.store.root, recursive=True)
@@ -187,49 +209,49 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
                                   checkpoint=meta.path, read_shard=files.read_shard)
     rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
     blobs, corrupt = held_arrays(tiers, ck, rmap)
-    fragments: dict[str, list[tuple[str, Any]]] = {}
+    index: dict[tuple[str, Any], int] = {}  # (logical, region) -> fragment index, as every rank numbers them
+    held_by_key: dict[str, list[tuple[str, Any]]] = {}
     for name, entry in manifest.tensors.items():
-        for frag in entry.fragments:
-            fragments.setdefault(frag.key, []).append((name, frag.region))
+        for i, frag in enumerate(entry.fragments):
+            index[(name, frag.region)] = i
+            held_by_key.setdefault(frag.key, []).append((name, frag.region))
     held = [HeldFragment(r, key, name, region)
             for r, keys in enumerate(_gather(sorted(blobs), group)) for key in keys
-            for name, region in fragments.get(key, ())]
+            for name, region in held_by_key.get(key, ())]
     logical = {n: _logical(manifest, n) for n in manifest.tensors}
     fmap, into = make_target(logical)
     plan: PeerPlan = plan_sources(fmap, held, {n: lt.shape for n, lt in logical.items()}, world=world)
-    # Sources learn what to send: every rank's fetches from a peer, in one list all ranks agree on.
-    asks = [(f.source.rank, f.logical, f.overlap.offsets, f.overlap.sizes) for f in plan.fetches]
+    # Sources learn what to send: every rank's fetches, in one list all ranks agree on.
+    asks = [(f.source.rank, f.logical, index[(f.logical, f.source.region)], f.overlap.offsets, f.overlap.sizes)
+            for f in plan.fetches]
     everyone = _gather(asks, group)
     planned = time.perf_counter()
 
     memory = _MemoryCheckpoint(manifest, rmap, blobs)
-    transfers, wanted = [], {}
-    for dest, items in enumerate(everyone):
-        for i, (source, name, offsets, sizes) in enumerate(items):
-            nbytes = Box(tuple(offsets), tuple(sizes)).numel * _itemsize(logical[name].dtype)
-            transfers.append(Transfer(source, dest, f"{dest}/{i}", nbytes))
-            wanted[f"{dest}/{i}"] = (name, Box(tuple(offsets), tuple(sizes)))
-    mine = {f"{rank}/{i}": f for i, f in enumerate(plan.fetches)}
-    delivered: list[str] = []
+    transfers, parts = _coalesce(everyone, logical, round_bytes)
+    mine = {(rank, i): f for i, f in enumerate(plan.fetches)}
+    delivered: set = set()
 
     def load(t: Transfer) -> bytes:
-        name, box = wanted[t.key]
-        return _bytes(memory.read(name, box))
+        return b"".join(_bytes(memory.read(name, frag, Box(tuple(o), tuple(z))))
+                        for _, (_, name, frag, o, z), _ in parts[t.key])
 
     def deliver(t: Transfer, blob) -> None:
-        f = mine[t.key]
-        view = local_view(into[f.dest_key], fmap, f)
-        _put(view, blob, _dtype(logical[f.logical].dtype))
-        delivered.append(t.key)
+        at = 0
+        for i, (_, name, _, _, _), nbytes in parts[t.key]:
+            f = mine[(rank, i)]
+            _put(local_view(into[f.dest_key], fmap, f), blob[at:at + nbytes], _dtype(logical[name].dtype))
+            delivered.add((rank, i))
+            at += nbytes
 
     try:
         problems = exchange(transfers, load=load, deliver=deliver, group=group, round_bytes=round_bytes)
     finally:
         memory.close()
     transferred = time.perf_counter()
-    missing = sorted(set(mine) - set(delivered))
+    missing = sorted(set(mine) - delivered)
     if missing:
-        problems.append(f"{len(missing)} planned region(s) never arrived (first {missing[0]})")
+        problems.append(f"{len(missing)} planned region(s) never arrived (first: fetch {missing[0][1]})")
     _agree("; ".join(problems) or None, group)
     if plan.reads:
         with CheckpointReader(meta.path) as reader:  # only what no survivor holds
@@ -242,6 +264,30 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     report = HotLoadReport(meta.path, manifest.states.get(tree_rank), plan.elements(), sent, received,
                            tuple(corrupt), planned - began, transferred - planned, done - transferred)
     return manifest.states.get(tree_rank), into, fmap, report
+
+
+def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Transfer], dict]:
+    """One transfer per (source, destination) pair and round: the pair's asks back to back, at most
+    ``round_bytes`` each (an ask larger than that alone), so a round is a few large messages."""
+    transfers: list[Transfer] = []
+    parts: dict[str, list] = {}
+    pairs: dict[tuple[int, int], list] = {}
+    for dest, items in enumerate(everyone):
+        for i, ask in enumerate(items):
+            nbytes = math.prod(ask[4]) * _itemsize(logical[ask[1]].dtype)
+            pairs.setdefault((ask[0], dest), []).append((i, ask, nbytes))
+    for (source, dest), items in sorted(pairs.items()):
+        batch, size = [], 0
+        for item in items + [None]:
+            if item is None or (batch and size + item[2] > round_bytes):
+                key = f"{source}>{dest}#{len(transfers)}"
+                transfers.append(Transfer(source, dest, key, size))
+                parts[key] = batch
+                batch, size = [], 0
+            if item is not None:
+                batch.append(item)
+                size += item[2]
+    return transfers, parts
 
 
 def _logical(manifest: Manifest, name: str):
