@@ -204,14 +204,15 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, r
         if ctx.rank == 0:
             ctx.emit("step", step=step, loss=loss, seconds=time.perf_counter() - began, t=time.monotonic())
         if step % plan.save_every == 0:
-            manager.save(step, trainer.checkpoint_state()[0])
+            began = time.perf_counter()
+            manager.save(step, trainer.checkpoint_state()[0])  # and replicates into peers' memory
             if ctx.uid == plan.corrupt_uid:
                 for tier in tiers:
                     for ck in tier.checkpoints():
                         for key in tier.keys(ck):
                             tier.corrupt(ck, key)
             if ctx.rank == 0:
-                ctx.emit("saved", step=step, t=time.monotonic())
+                ctx.emit("saved", step=step, t=time.monotonic(), seconds=time.perf_counter() - began)
     return {"final_step": trainer.progress.step}
 
 
@@ -319,7 +320,8 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
 
                 evict(directory)
             times["kill"] = agent.kill(plan.kill_uid)
-            notify({"kind": "killed", "uid": plan.kill_uid, "step": event["step"], "t": times["kill"]})
+            notify({"kind": "killed", "uid": plan.kill_uid, "rank": plan.kill_uid, "step": event["step"],
+                    "t": times["kill"]})
 
     agent.run(timeout_s=timeout_s, on_event=watch)
     report.detect_s = times["detected"] - times["kill"]
