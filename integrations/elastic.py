@@ -3,8 +3,11 @@
 The agent (:class:`ElasticAgent`, the launcher's process) hosts the rendezvous store, a
 ``TCPStore`` that lives outside every rank, so no rank's death takes it down. It starts
 ``world`` ranks plus ``spares`` waiting processes and watches them: a child that exits
-without finishing, or whose heartbeat (``ctx.beat()``, each step) is older than
-``hang_timeout_s`` (then it is SIGKILLed first), is lost. It then plans the layout for
+without finishing, or whose heartbeat (a thread of each rank beats every 0.5 s, also while
+the rank waits in a collective) is older than ``hang_timeout_s`` (then it is SIGKILLed
+first: a frozen process), is lost. A rank that is alive but stuck in its own code keeps
+beating; the process group's timeout bounds its peers' wait, and with no new generation
+their rendezvous times out (:class:`RendezvousTimeout`): the job fails loudly, never hangs. It then plans the layout for
 the processes left (:func:`integrations.layout_planner.plan_layout`) and publishes a new
 *generation*: the members in their new rank order, the layout, how many are active.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -83,9 +87,6 @@ class ElasticContext:
     def emit(self, kind: str, **data: Any) -> None:
         self.events.put({"kind": kind, "uid": self.uid, "rank": self.rank, **data})
 
-    def beat(self) -> None:
-        """Tell the agent this rank makes progress (it kills a rank whose beats stop)."""
-        self.store.set(f"beat/{self.uid}", repr(time.time()))
 
     def stopped(self) -> bool:
         return self.store.check(["stop"])
@@ -146,6 +147,18 @@ class ElasticContext:
         self._formed = None
 
 
+BEAT_EVERY_S = 0.5
+
+
+def _beat_forever(store, uid: int) -> None:
+    while True:
+        try:
+            store.set(f"beat/{uid}", repr(time.time()))
+        except Exception:  # noqa: BLE001 - the agent is gone: nobody to tell
+            return
+        time.sleep(BEAT_EVERY_S)
+
+
 def _elastic_worker(uid: int, port: int, timeouts: tuple[float, float], events, fn, args) -> None:
     import torch
     import torch.distributed as dist
@@ -154,6 +167,10 @@ def _elastic_worker(uid: int, port: int, timeouts: tuple[float, float], events, 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeouts[1]))
     ctx = ElasticContext(uid, store, events, *timeouts)
+    # Liveness beats from a thread of their own, over a connection of their own: a rank waiting in a
+    # collective still beats (the wait releases the GIL); a frozen or stopped process does not.
+    beats = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeouts[1]))
+    threading.Thread(target=_beat_forever, args=(beats, uid), daemon=True).start()
     try:
         result = fn(ctx, *args)
         ctx.emit("done", result=result)
@@ -203,6 +220,7 @@ class ElasticAgent:
         info = {"uids": uids, "layout": str(choice.layout), "active": choice.active, "why": choice.why}
         self.store.set(f"members/{self.generation}", json.dumps(info))
         self.store.set("gen", str(self.generation))
+        self.published = time.time()  # a hang is counted from the latest generation at the earliest
 
     def _reform(self) -> dict:
         """Publish the next generation over the processes left."""
@@ -224,9 +242,10 @@ class ElasticAgent:
         return {"kind": "reformed", "generation": self.generation, "layout": str(choice.layout), "why": choice.why,
                 "uids": uids, "t": time.monotonic()}
 
-    def kill(self, uid: int) -> float:
-        """SIGKILL process ``uid`` (an unannounced failure); returns when it was sent (monotonic)."""
-        os.kill(self.procs[uid].pid, signal.SIGKILL)
+    def kill(self, uid: int, sig: int = signal.SIGKILL) -> float:
+        """SIGKILL process ``uid`` (an unannounced failure; ``SIGSTOP``: a hang); returns when it was sent
+        (monotonic)."""
+        os.kill(self.procs[uid].pid, sig)
         return time.monotonic()
 
     def _lost_now(self) -> list[int]:
@@ -240,7 +259,7 @@ class ElasticAgent:
                     out.append(u)
                 continue
             if u in self.uids[:self.active] and self.store.check([f"beat/{u}"]):
-                if now - float(self.store.get(f"beat/{u}")) > self.hang_timeout_s:
+                if now - max(float(self.store.get(f"beat/{u}")), self.published) > self.hang_timeout_s:
                     os.kill(proc.pid, signal.SIGKILL)  # hung, not dead: make it dead, so its peers' collectives fail
                     out.append(u)
         return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -56,6 +57,7 @@ class HotPlan:
     collective_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
     cold_cache: bool = False  # drop the checkpoints from the page cache just before the kill
+    hang: bool = False        # SIGSTOP instead of SIGKILL: the agent's heartbeat watchdog must find it
 
     def __post_init__(self) -> None:
         if not self.save_every <= self.kill_after_step < self.steps:
@@ -195,7 +197,6 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, r
         if ctx.rank == 0:
             ctx.emit("verify_done", t=time.monotonic())
     while trainer.progress.step < plan.steps:
-        ctx.beat()
         if ctx.rank == 0:
             ctx.emit("step_start", step=trainer.progress.step + 1, t=time.monotonic())
         began = time.perf_counter()
@@ -319,7 +320,7 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
                 from integrations.page_cache import evict
 
                 evict(directory)
-            times["kill"] = agent.kill(plan.kill_uid)
+            times["kill"] = agent.kill(plan.kill_uid, signal.SIGSTOP if plan.hang else signal.SIGKILL)
             notify({"kind": "killed", "uid": plan.kill_uid, "rank": plan.kill_uid, "step": event["step"],
                     "t": times["kill"]})
 

@@ -50,3 +50,13 @@ def test_a_spare_replaces_the_lost_rank_and_a_second_failure_while_resharding_sh
     assert [e["layout"] for e in reformed] == ["tp=2,dp=2,zero=1", "tp=2,zero=1"]
     assert reformed[0]["uids"] == [0, 4, 2, 3]  # the spare takes the lost rank's place
     assert report.generations == 2 and report.elements["storage"] == 0
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_found_by_the_heartbeat_watchdog_within_its_timeout(tmp_path):
+    # SIGSTOP: the process lives, its peers wait in a collective; the agent sees its beats stop,
+    # kills it, and the survivors' collectives fail at once
+    plan = HotPlan(layout="tp=2,dp=2,zero=1", steps=6, kill_uid=3, hang=True, hang_timeout_s=4.0)
+    report = run_hot(plan, tmp_path / "run", timeout_s=300)
+    _check(report, 6)
+    assert 3.0 <= report.detect_s < 30.0 and report.layout_after == "tp=2,zero=1"
