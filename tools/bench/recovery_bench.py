@@ -30,14 +30,13 @@ checked, DCP and DeepSpeed). Medians over ``--repeats``, with a distribution-fre
 interval for the median (order statistics; with 5 repeats the widest, min..max, covers
 93.8 %, so 6 repeats are the default).
 
-    python -m tools.bench.recovery_bench --json out.json          # the table and the JSON file
+    python -m tools.bench.recovery_bench --json out.json          # the table, and the summary in out.json
     python -m tools.bench.recovery_bench --repeats 1 --scenarios spare --systems ucp-hot,dcp-restart
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -51,6 +50,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server  # noqa: E402
 from integrations.stacks.common import TrainSettings  # noqa: E402
+from tools.output import add_json_option, json_on_stdout, write_json  # noqa: E402
 
 SYSTEMS = ("ucp-hot", "ucp-restart", "dcp-restart", "deepspeed-universal")
 DEFAULT_SYSTEMS = SYSTEMS[:3]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, among {', '.join(SYSTEMS)} (default %(default)s)")
     parser.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
-    parser.add_argument("--json", metavar="OUT", default=None, help="also write the summary as JSON to OUT")
+    add_json_option(parser, "the summary")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not scenarios:
         parser.error(f"unknown system(s) {unknown}" if unknown else f"no scenario among {args.scenarios!r}")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ucp-recovery-"))
+    notes = sys.stderr if json_on_stdout(args) else sys.stdout
     start_fork_server(WITH_DEEPSPEED if "deepspeed-universal" in systems else PRELOAD)
     results: dict = {}
     for scenario in scenarios:
@@ -182,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
                 run = measure(scenario, system, args.model, index, root)
                 results.setdefault(scenario.name, {}).setdefault(system, []).append(run)
                 print(f"  {scenario.name} | {system} | run {index + 1}: recovery {run['recovery_s']:.2f}s "
-                      f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+                      f"(load average {os.getloadavg()[0]:.1f})", flush=True, file=notes)
     summary = summarize(results)
     summary |= {"model": args.model, "repeats": args.repeats}
-    print_table(summary, model=args.model, repeats=args.repeats)
+    if not json_on_stdout(args):
+        print_table(summary, model=args.model, repeats=args.repeats)
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        write_json(summary, args.json, indent=2)
     return 0
 
 
