@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from integrations.elastic import ElasticAgent, ElasticContext
+from integrations.elastic import ElasticAgent, ElasticContext, RendezvousTimeout
 from integrations.stacks.common import STATES, TrainSettings
 from ucp.layout import Layout
 
@@ -226,6 +226,7 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str) -> dict:
 
     tiers = [MemoryTier(capacity_bytes=plan.memory_bytes)]  # survives every re-forming: the point
     membership = ctx.join(after=-1)
+    error = None
     while membership is not None:
         try:
             ctx.form("all")
@@ -239,10 +240,14 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str) -> dict:
             if trainer is not None:
                 return _train(ctx, plan, trainer, tiers, directory, path)
         except (RuntimeError, ReplicaError) as err:  # a peer is gone (gloo raises RuntimeError subclasses)
-            ctx.emit("failure_seen", t=time.monotonic(), error=f"{type(err).__name__}: {str(err)[:300]}")
+            error = f"{type(err).__name__}: {str(err)[:300]}"
+            ctx.emit("failure_seen", t=time.monotonic(), error=error)
             trainer = None
         ctx.leave()
-        membership = ctx.join(after=membership.generation)
+        try:
+            membership = ctx.join(after=membership.generation)
+        except RendezvousTimeout as timeout:  # no failure the agent saw: the error was this job's own
+            raise RendezvousTimeout(f"{timeout}; the error that sent it there: {error}") from None
     return {"idle": True}
 
 
