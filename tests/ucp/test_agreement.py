@@ -110,7 +110,10 @@ def _restore(rank: int, root: str) -> None:
              3: {"w": torch.zeros(2, 3), "step": 0, "other": torch.zeros(1)}}.get(rank, into)
     def mismatch(key: str) -> str:
         return (f"keys do not match checkpoint {manager.path_for(2)}:\n  not expected by the target (1): {key}\n"
-                "  pass strict=False to load only the keys both have")
+                "  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
+                "({'optim': opt}), not opt.state_dict()\n"
+                "  strict=False loads the keys both have and adds the saved ones the target lacks "
+                "(those under top-level keys it does not have are skipped with a warning)")
     if rank in (1, 3):
         _expect(lambda: manager.restore(into=wrong, spec=spec), ucp.KeyMismatchError,
                 mismatch("extra" if rank == 1 else "other"))
