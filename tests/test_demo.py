@@ -25,9 +25,15 @@ def test_demo_kills_a_rank_resumes_on_another_layout_and_matches_the_reference(t
     summary = report.ettr
     assert summary.restarts == 1 and summary.lost_steps >= 2 and 0 < summary.ettr < 1
     assert Path(report.plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    hot = report.hot  # the same failure without a restart: checkpoint at step 4, kill after step 5
+    assert hot.bitwise and hot.resumed_from == 4 and hot.layout_after == "tp=2,dp=3,zero=1"
+    assert sorted(hot.losses) == list(range(1, 9)) and report.hot_relative_error < 1e-4
+    assert hot.elements["storage"] == 0 and hot.elements["peer"] > 0
     text = "\n".join(lines)
     for expected in ("restarting on fewer ranks as tp=2,dp=3,zero=1 from checkpoint step 8",
-                     "SIGKILL -> rank 5", "all bit-exact", "recovery time", "ETTR", PLOT_NAME):
+                     "SIGKILL -> rank 5", "all bit-exact", "recovery time", "ETTR", PLOT_NAME,
+                     "the survivors resharded step 4 from memory into tp=2,dp=3,zero=1, no restart",
+                     "recovery, hot: no restart"):
         assert expected in text
 
 
@@ -43,6 +49,7 @@ def test_demo_cli_json(tmp_path, capsys):
     assert data["killed_at_step"] >= 7 and data["resumed_from_step"] == 5 and data["final_step"] == 12
     assert data["ettr"]["restarts"] == 1 and data["max_relative_error"] < 1e-4
     assert data["plot"].endswith(PLOT_NAME) and data["second_layout"] == "tp=2,dp=3,zero=1"
+    assert data["hot"]["bitwise"] and data["hot"]["layout_after"] == "tp=2,dp=3,zero=1"
 
 
 def test_demo_cli_exits_1_when_a_check_fails(monkeypatch, capsys):

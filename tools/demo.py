@@ -11,6 +11,10 @@
 4. Report the loss before and after next to an uninterrupted single-process run,
    checkpoint size, save time, time lost to the failure, recovery time and the
    run's ETTR, and draw both loss curves into a PNG.
+5. The same failure recovered hot (``hot=True``): the survivors never restart; they
+   re-form their process group in-process and reshard the checkpoint from the copies
+   held in their memory into ``tp=2,dp=3`` (:mod:`integrations.stacks.hot`); the
+   recovery split is shown next to the restart path's, every tensor checked bit for bit.
 
     report = run_demo("ucp-demo-out")
     report.recovery.recovery_s, report.max_relative_error, report.plot
@@ -49,6 +53,11 @@ class DemoReport:
     ettr: object = None  # reliability.ettr.tracker.ETTRSummary
     plot: str | None = None
     verified: bool = False
+    hot: object = None  # integrations.stacks.hot.HotReport
+
+    @property
+    def hot_relative_error(self) -> float:
+        return max(abs(loss - self.reference[s - 1]) / self.reference[s - 1] for s, loss in self.hot.losses.items())
 
     @property
     def relative_errors(self) -> dict[int, float]:
@@ -84,6 +93,12 @@ class DemoReport:
             "recovery_s": r.recovery_s, "recovery_parts_s": {k: getattr(r, k) for k in (
                 "detect_s", "teardown_s", "convert_s", "restart_s", "load_s", "first_step_s")},
             "ettr": self.ettr.to_dict() if self.ettr is not None else None, "plot": self.plot,
+            "hot": None if self.hot is None else {
+                "layout_after": self.hot.layout_after, "why": self.hot.why, "recovery_s": self.hot.recovery_s,
+                "recovery_parts_s": {k: getattr(self.hot, k) for k in ("detect_s", "reform_s", "reshard_s")},
+                "first_step_s": self.hot.first_step_s, "lost_steps": self.hot.lost_steps,
+                "bitwise": self.hot.bitwise, "elements": self.hot.elements,
+                "max_relative_error": self.hot_relative_error},
         }
 
 
@@ -131,12 +146,18 @@ def _progress(say):
                 "(every rank wrote only its own shards)")
         elif kind == "killed":
             say(f"  step {event['step']:3d}  SIGKILL -> rank {event['rank']}  (an unannounced failure)")
+        elif kind == "detected" and "uids" in event:
+            say("  the agent saw the process die; the survivors' collectives fail and they wait for a new generation")
         elif kind == "detected":
             say("  the agent saw the rank die; stopping the survivors (they are stuck in a collective)")
         elif kind == "restarting":
             say(f"2. restarting on fewer ranks as {event['layout']} from checkpoint step {event['step']}")
         elif kind == "loaded":
             say(f"  every rank loaded its shards of step {event['step']} (resharded from the 8-rank layout)")
+        elif kind == "reformed":
+            say(f"  the agent published generation {event['generation']}: {event['layout']} ({event['why']})")
+        elif kind == "recovered":
+            say(f"  the survivors resharded step {event['step']} from memory into {event['layout']}, no restart")
         elif kind == "verified":
             verdict = "all bit-exact" if not event["mismatches"] else f"MISMATCHES: {event['mismatches'][:5]}"
             say(f"  checked {event['tensors']} logical tensors (parameters, fp32 masters, Adam moments) "
@@ -145,7 +166,7 @@ def _progress(say):
 
 
 def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_every: int = 5,
-             kill_after_step: int = 22, model: str = "", plot: bool = True) -> DemoReport:
+             kill_after_step: int = 22, model: str = "", plot: bool = True, hot: bool = True) -> DemoReport:
     """Run the whole demo in ``directory`` (emptied first); see the module doc."""
     import ucp
     from reliability.ettr.tracker import ETTRTracker
@@ -169,6 +190,12 @@ def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_e
         raise DemoCheckFailed(f"checkpoint {recovery.checkpoint} failed verification: {checked} "
                               f"{recovery.verify_mismatches[:5]}")
     report.ettr = ETTRTracker(directory).summary()
+    if hot:
+        report.hot = _run_hot(directory, say, model, settings, save_every, steps)
+        if not report.hot.bitwise or report.hot_relative_error >= LOSS_TOLERANCE:
+            raise DemoCheckFailed(f"hot recovery: tensors {report.hot.mismatches[:5] or 'equal'}, RNG "
+                                  f"{'restored' if report.hot.rng_ok else 'NOT restored'}, loss deviation "
+                                  f"{report.hot_relative_error:.1e}")
     if plot:
         report.plot = plot_losses(report, os.path.join(directory, PLOT_NAME))
     for line in summary_lines(report):
@@ -178,6 +205,19 @@ def run_demo(directory: str | os.PathLike, *, say=print, steps: int = 40, save_e
         raise DemoCheckFailed(f"the run's loss left the uninterrupted reference: {report.max_relative_error:.1e} "
                               f"relative at step {step} (tolerance {LOSS_TOLERANCE:.0e})")
     return report
+
+
+def _run_hot(directory: str, say, model: str, settings: TrainSettings, save_every: int, steps: int):
+    """The same failure, recovered without a restart (a short run: the kill comes a step after the
+    first checkpoint, and training stops three steps later)."""
+    from integrations.stacks.hot import HotPlan, run_hot
+
+    kill_after = save_every + 1
+    plan = HotPlan(layout=FIRST_LAYOUT, model=model, settings=settings, steps=min(steps, kill_after + 3),
+                   save_every=save_every, kill_after_step=kill_after, kill_uid=5, override=SECOND_LAYOUT)
+    say(f"4. the same failure, recovered hot: 8 processes as {FIRST_LAYOUT}, checkpoint arrays replicated into "
+        f"peers' memory; SIGKILL of rank 5 after step {kill_after}; the survivors stay up")
+    return run_hot(plan, os.path.join(directory, "hot"), on_event=_progress(say))
 
 
 def _shown(path: str) -> str:
@@ -219,6 +259,18 @@ def summary_lines(report: DemoReport) -> list[str]:
                   f"{r.recovery_s:.2f} s = detect {r.detect_s:.2f} + teardown {r.teardown_s:.2f} + restart "
                   f"{r.restart_s:.2f} + load {r.load_s:.2f} + first step {r.first_step_s:.2f}")
     facts.add_row("ETTR of the run (toy steps of ~0.1 s: start-up and saves dominate)", str(report.ettr))
+    if report.hot is not None:
+        h = report.hot
+        facts.add_row("recovery, restart path (SIGKILL -> first step starts)",
+                      f"{r.recovery_s - r.first_step_s:.2f} s = detect {r.detect_s:.2f} + teardown {r.teardown_s:.2f} "
+                      f"+ restart {r.restart_s:.2f} + load {r.load_s:.2f}")
+        facts.add_row("recovery, hot: no restart (SIGKILL -> first step starts)",
+                      f"{h.recovery_s:.2f} s = detect {h.detect_s:.2f} + re-form {h.reform_s:.2f} + reshard "
+                      f"from memory {h.reshard_s:.2f}")
+        facts.add_row("hot recovery's new state came from",
+                      f"own memory {h.elements['own']}, peers {h.elements['peer']}, storage {h.elements['storage']} "
+                      f"elements; every tensor {'bit-exact' if h.bitwise else 'NOT bit-exact'}; "
+                      f"loss deviation {report.hot_relative_error:.1e}")
     console = Console(width=120, force_terminal=False)
     with console.capture() as captured:
         console.print(curve)

@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Train a Llama-style decoder Megatron style on 8 gloo processes (tp=2,pp=2,dp=2, distributed "
             "optimizer) with ucp checkpoints, SIGKILL one rank mid-run, resume from the last committed "
             "checkpoint on 6 processes (tp=2,dp=3), train on, and compare every step's loss with an "
-            "uninterrupted single-process run. Prints checkpoint size, save time, time lost, recovery time "
+            "uninterrupted single-process run; then recover the same failure hot (the survivors re-form "
+            "in-process and reshard from peers' memory, no restart). Prints checkpoint size, save time, time lost, recovery time "
             "and ETTR, and writes the two loss curves to DIR/loss_curves.png."
         ),
     )

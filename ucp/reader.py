@@ -151,6 +151,19 @@ class CheckpointReader:
             yield name, self.read_tensor(name)
             self._chunks.clear()
 
+    def read_fragment(self, name: str, frag: Fragment) -> torch.Tensor:
+        """One stored fragment of ``name`` whole, in its region's storage shape, checked against its
+        checksums: what a peer holding the fragment's array serves regions of."""
+        entry = self.entry(name)
+        out = allocate(region_shape(frag.region), entry.dtype, what=repr(name))
+        if frag.pack_offset is not None or (frag.nbytes <= self.options.small_array_bytes
+                                            and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1):
+            _assign(out, self._small_chunk(name, frag), entry.dtype)
+        elif out.numel():
+            self._read_straight(entry, frag, out)
+        self._chunks.clear()
+        return out
+
     def check_fragment(self, name: str, frag: Fragment) -> None:
         """Read every chunk of one fragment and check it (raises the first problem)."""
         for index in range(chunk_count(region_shape(frag.region), frag.chunk_rows)):

@@ -34,7 +34,12 @@ from integrations.stacks.common import (CheckpointSaving, plan_program_load, STA
 from ucp.errors import LayoutError
 from ucp.layout import Layout
 
-__all__ = ["MegatronTrainer"]
+__all__ = ["MegatronTrainer", "megatron_program"]
+
+
+def megatron_program(cfg: LlamaConfig, states: tuple[str, ...]) -> str:
+    """The megatron-gpt preset bound to ``cfg`` and the optimizer states saved (no trainer needed)."""
+    return f"{cfg.megatron_program()},states={'|'.join(states)}"
 
 
 def _natural(key: str):
@@ -148,7 +153,7 @@ class MegatronTrainer(CheckpointSaving):
     # ------------------------------------------------------------------ checkpoints
     def program(self, states: tuple[str, ...]) -> str:
         """The megatron-gpt preset bound to this model and the optimizer states saved."""
-        return f"{self.cfg.megatron_program()},states={'|'.join(states)}"
+        return megatron_program(self.cfg, states)
 
     def _states(self) -> tuple[str, ...]:
         return STATES if self.layout.zero == 0 else ("fp32", *STATES)
@@ -176,6 +181,11 @@ class MegatronTrainer(CheckpointSaving):
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""
         has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank)
         tree = ucp.load(path, into=into, spec=fmap)
+        return self.load_tensors(into, tree, has_masters=has_masters)
+
+    def load_tensors(self, into: dict[str, torch.Tensor], tree: dict, *, has_masters: bool) -> Progress:
+        """Take loaded local tensors (keys of this rank's load map) and the saved JSON tree as this
+        rank's state: what :meth:`load` does after reading, also used by a load from peers' memory."""
         with torch.no_grad():
             for key, param in self.params.items():
                 master = into.get(f"optim/fp32/model/{key}")  # zero=0 target, masters in the checkpoint

@@ -59,6 +59,7 @@ class FailurePlan:
     track_ettr: bool = True
     verify_load: bool = False  # ucp: compare every logical tensor after the load with the checkpoint's
     keep_last: int | None = 2  # ucp retention (None: keep every checkpoint)
+    cold_cache: bool = False  # drop the checkpoints from the page cache just before the kill (a cold restart)
 
     def __post_init__(self) -> None:
         if self.stack not in CHECKPOINTERS.get(self.checkpointer, ()):
@@ -274,6 +275,10 @@ def run_with_failure(plan: FailurePlan, directory: str | os.PathLike, *,
             report.saves.append({"step": event["step"], "seconds": event["seconds"]})
             last_saved = event["step"]
         if event["kind"] == "step" and event["step"] >= plan.kill_after_step and last_saved:
+            if plan.cold_cache:  # before the kill: not part of the recovery time
+                from integrations.page_cache import evict
+
+                evict(directory)
             first.kill(plan.kill_rank)
             kill_time = time.monotonic()
             report.killed_at_step = event["step"]

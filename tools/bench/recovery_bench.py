@@ -1,35 +1,43 @@
-"""Benchmark: recovery time after a rank dies, ucp against each peer's own resharding path.
+"""Benchmark: recovery after a SIGKILLed rank, hot (no restart) against the restart paths.
 
-For each scenario the same training job runs once per system, in this one run:
-it checkpoints, one rank is SIGKILLed, the agent detects it and stops the rest,
-and the job restarts under a layout with fewer ranks, loading the last committed
-checkpoint with resharding (:func:`integrations.stacks.recovery.run_with_failure`).
-Recovery time = SIGKILL to the end of the first step under the new layout.
+Two transitions, each run by every system in this one run, interleaved (every repeat runs
+every system once, so drift on a shared machine hits all alike):
 
-* torch-native stack (FSDP2 x TP), ``tp=2,dp=2 -> dp=2``: ucp against
-  torch.distributed.checkpoint (``get_state_dict`` + ``dcp.save``; ``dcp.load``
-  reshards into the new layout's DTensors);
-* DeepSpeed stack, ``dp=4,zero=2 -> dp=2,zero=2``: ucp against DeepSpeed's own
-  path (``save_checkpoint``; ``ds_to_universal`` run as its own script; the new
-  engine loads the universal checkpoint).
+* ``shrink``: 4 ranks lose one and go on with a smaller layout;
+* ``spare``: 4 ranks lose one and a waiting spare takes its place (same layout).
 
-Every system uses the same launcher (a fork server that has imported torch, so a
-restart costs the same for all), the same model, data and steps.
+Systems:
 
-    python tools/bench/recovery_bench.py                    # default model, 3 repeats
-    python tools/bench/recovery_bench.py --model hidden=64,layers=2 --repeats 1 --json
+* ``ucp-hot``: the survivors never restart (:func:`integrations.stacks.hot.run_hot`,
+  Megatron-style stack ``tp=2,dp=2,zero=1``): detect, re-form in-process, plan the
+  layout (shrink: ``tp=2,zero=1`` with one survivor idle), reshard the last
+  checkpoint from peers' memory;
+* ``ucp-restart``: every process is stopped and the job restarts under the new layout
+  (shrink: ``tp=2,zero=1``; spare: the same layout) and loads the ucp checkpoint
+  (:func:`integrations.stacks.recovery.run_with_failure`, same stack);
+* ``dcp-restart``: the same restart with the torch-native stack (FSDP2 over TP,
+  ``tp=2,dp=2`` -> ``dp=2``, or the same layout) and torch.distributed.checkpoint;
+* ``deepspeed-universal`` (``--systems``; shrink only): DeepSpeed ZeRO-2 ``dp=4`` ->
+  ``dp=2``: ``ds_to_universal``, then a universal load.
 
-Runs are interleaved (every repeat runs every system once, so drift on a shared
-machine hits all alike). Prints per scenario and system the median of ``--repeats``
-runs: recovery time and its parts (detect, teardown, convert, restart, load, first
-step), checkpoint size, recovery time as a fraction of the best peer's, and the best
-(fastest) run of each, which interference from other jobs can only lengthen.
+Recovery = SIGKILL to the *start* of the first step after it (the first step is reported on
+its own, and the steps redone). The restart paths read the checkpoint with a cold page
+cache: its files are flushed and dropped from the cache (``POSIX_FADV_DONTNEED``,
+:mod:`integrations.page_cache`) just before the kill; the hot path gets the same
+treatment (it reads storage only for what no survivor holds). ``bitwise``: every logical
+tensor after the recovery equals the checkpoint's (ucp paths check it; ``null``: not
+checked, DCP and DeepSpeed). Medians over ``--repeats``, with a distribution-free 95 %
+interval for the median (order statistics; with 5 repeats the widest, min..max, covers
+93.8 %, so 6 repeats are the default).
+
+    python -m tools.bench.recovery_bench --json out.json          # the table, and the summary in out.json
+    python -m tools.bench.recovery_bench --repeats 1 --scenarios spare --systems ucp-hot,dcp-restart
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import statistics
 import sys
@@ -42,161 +50,146 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server  # noqa: E402
 from integrations.stacks.common import TrainSettings  # noqa: E402
-from integrations.stacks.recovery import FailurePlan, run_with_failure  # noqa: E402
-from ucp.layout import Layout  # noqa: E402
+from tools.output import add_json_option, json_on_stdout, write_json  # noqa: E402
 
-PARTS = ("detect_s", "teardown_s", "convert_s", "restart_s", "load_s", "first_step_s")
-# A model whose checkpoint is large next to its compute: the embedding and output dominate.
-DEFAULT_MODEL = "vocab_size=32768,hidden=256,layers=4,heads=8,kv_heads=4,ffn=768"
+SYSTEMS = ("ucp-hot", "ucp-restart", "dcp-restart", "deepspeed-universal")
+DEFAULT_SYSTEMS = SYSTEMS[:3]
+STEPS, SAVE_EVERY, KILL_AFTER = 7, 3, 4  # the kill comes a step after a committed checkpoint
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    stack: str
-    before: str
-    after: str
-    systems: tuple[str, ...]  # checkpointers; "ucp" first, then the peers
+    spare: bool
+    after_megatron: str
+    after_native: str
 
 
 SCENARIOS = (
-    Scenario("torch-native FSDP2 x TP, 4 -> 2 ranks", "native", "tp=2,dp=2", "dp=2", ("ucp", "dcp")),
-    Scenario("DeepSpeed ZeRO-2, 4 -> 2 ranks", "deepspeed", "dp=4,zero=2", "dp=2,zero=2", ("ucp", "deepspeed")),
+    Scenario("shrink", False, "tp=2,zero=1", "dp=2"),
+    Scenario("spare", True, "tp=2,dp=2,zero=1", "tp=2,dp=2"),
 )
-PEER_NAMES = {"ucp": "ucp", "dcp": "FSDP2 + DCP", "deepspeed": "DeepSpeed ds_to_universal + universal load"}
 
 
-def measure(scenario: Scenario, system: str, model: str, index: int, root: Path, *, say=print) -> dict:
-    """One failure and recovery of ``scenario`` with checkpointer ``system``."""
-    plan = FailurePlan(stack=scenario.stack, before=scenario.before, after=scenario.after, model=model,
-                       settings=TrainSettings(), steps=6, save_every=2, kill_after_step=3, kill_rank=1,
-                       checkpointer=system, track_ettr=False)
-    report = run_with_failure(plan, root / f"{scenario.stack}-{system}-{index}")
-    say(f"  {scenario.name} | {PEER_NAMES[system]} | run {index + 1}: recovery {report.recovery_s:.2f}s "
-        f"(load {report.load_s:.2f}s, convert {report.convert_s:.2f}s; load average {os.getloadavg()[0]:.1f})")
-    return {k: getattr(report, k) for k in (*PARTS, "recovery_s", "checkpoint_bytes", "resumed_from")} | {
-        "losses": report.losses}
+def measure(scenario: Scenario, system: str, model: str, index: int, root: Path) -> dict:
+    """One failure and recovery; returns recovery_s, first_step_s, lost_steps, bitwise and the parts."""
+    directory = root / f"{scenario.name}-{system}-{index}"
+    settings = TrainSettings()
+    if system == "ucp-hot":
+        from integrations.stacks.hot import HotPlan, run_hot
+
+        plan = HotPlan(layout="tp=2,dp=2,zero=1", model=model, settings=settings, steps=STEPS,
+                       save_every=SAVE_EVERY, kill_after_step=KILL_AFTER, kill_uid=1,
+                       spares=1 if scenario.spare else 0, cold_cache=True)
+        r = run_hot(plan, directory)
+        return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
+                "bitwise": r.bitwise, "layout": r.layout_after,
+                "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
+                "elements": r.elements}
+    from integrations.stacks.recovery import FailurePlan, run_with_failure
+
+    stack, before, after, checkpointer = {
+        "ucp-restart": ("megatron", "tp=2,dp=2,zero=1", scenario.after_megatron, "ucp"),
+        "dcp-restart": ("native", "tp=2,dp=2", scenario.after_native, "dcp"),
+        "deepspeed-universal": ("deepspeed", "dp=4,zero=2", "dp=2,zero=2" if not scenario.spare else "dp=4,zero=2",
+                                "deepspeed"),
+    }[system]
+    plan = FailurePlan(stack=stack, before=before, after=after, model=model, settings=settings, steps=STEPS,
+                       save_every=SAVE_EVERY, kill_after_step=KILL_AFTER, kill_rank=1, checkpointer=checkpointer,
+                       track_ettr=False, verify_load=checkpointer == "ucp", cold_cache=True)
+    r = run_with_failure(plan, directory)
+    bitwise = (r.verified_tensors > 0 and not r.verify_mismatches) if checkpointer == "ucp" else None
+    return {"recovery_s": r.recovery_s - r.first_step_s, "first_step_s": r.first_step_s,
+            "lost_steps": r.killed_at_step - r.resumed_from, "bitwise": bitwise, "layout": after,
+            "parts": {"detect_s": r.detect_s, "teardown_s": r.teardown_s, "convert_s": r.convert_s,
+                      "restart_s": r.restart_s, "load_s": r.load_s}}
 
 
-def _load_phase(ctx, directory: str, model: str, after: str, repeats: int) -> dict:
-    """Rank body: load the same checkpoint with ucp and with DCP, alternating, timed between barriers."""
-    import time
+def median_ci95(values: list[float]) -> tuple[float, float]:
+    """A distribution-free interval for the median from order statistics: the narrowest
+    ``[x_(k), x_(n-k+1)]`` covering at least 95 %, or ``[min, max]`` when none does (n < 6).
 
-    import torch.distributed as dist
-
-    from integrations.llama.config import LlamaConfig
-    from integrations.native.dcp import load_dcp
-    from integrations.native.trainer import NativeTrainer
-
-    trainer = NativeTrainer(LlamaConfig.parse(model), after, TrainSettings(), rank=ctx.rank, init=False)
-    times: dict[str, list[float]] = {"ucp": [], "dcp": []}
-    for _ in range(repeats):
-        for system in ("ucp", "dcp"):
-            dist.barrier()
-            began = time.perf_counter()
-            trainer.load(f"{directory}/ucp") if system == "ucp" else load_dcp(trainer, f"{directory}/dcp")
-            dist.barrier()
-            times[system].append(time.perf_counter() - began)
-    return times
+    >>> median_ci95([5.0, 1.0, 4.0, 2.0, 3.0])
+    (1.0, 5.0)
+    """
+    xs, n = sorted(values), len(values)
+    k = 1
+    while k + 1 <= n // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n >= 0.95:
+        k += 1
+    return xs[k - 1], xs[n - k]
 
 
-def _save_both(ctx, directory: str, model: str, before: str) -> None:
-    from integrations.llama.config import LlamaConfig
-    from integrations.native.dcp import save_dcp
-    from integrations.native.trainer import NativeTrainer
-
-    trainer = NativeTrainer(LlamaConfig.parse(model), before, TrainSettings(), rank=ctx.rank)
-    trainer.train_step()
-    trainer.save(f"{directory}/ucp")
-    save_dcp(trainer, f"{directory}/dcp")
-
-
-def load_phase(model: str, repeats: int, root: Path) -> dict:
-    """The load with resharding alone (torch-native scenario): the same processes load the same
-    training state saved by ucp and by DCP, alternately; slowest rank, between barriers."""
-    from integrations.launch import run
-
-    scenario = SCENARIOS[0]
-    directory = str(root / "load-phase")
-    run(_save_both, world=Layout.parse(scenario.before).world_size, args=(directory, model, scenario.before))
-    times = run(_load_phase, world=Layout.parse(scenario.after).world_size,
-                args=(directory, model, scenario.after, repeats))
-    return {system: {"median_s": statistics.median(t), "best_s": min(t), "runs": t} for system, t in times.items()}
+def summarize(results: dict) -> dict:
+    """``{"scenarios": {name: {system: {recovery_s, ci95, first_step_s, lost_steps, bitwise, ...}}}}``."""
+    out: dict = {}
+    for name, systems in results.items():
+        for system, runs in systems.items():
+            rec = [r["recovery_s"] for r in runs]
+            flags = [r["bitwise"] for r in runs]
+            parts = {k: statistics.median(r["parts"][k] for r in runs) for k in runs[0]["parts"]}
+            out.setdefault(name, {})[system] = {
+                "recovery_s": statistics.median(rec), "ci95": list(median_ci95(rec)),
+                "first_step_s": statistics.median(r["first_step_s"] for r in runs),
+                "lost_steps": statistics.median(r["lost_steps"] for r in runs),
+                "bitwise": None if any(f is None for f in flags) else all(flags),
+                "runs": rec, "layout": runs[0]["layout"], "parts": parts}
+        peer = out[name].get("dcp-restart")
+        for row in out[name].values():
+            row["vs_dcp_restart"] = row["recovery_s"] / peer["recovery_s"] if peer else None
+    return {"scenarios": out}
 
 
-def summarize(results: dict) -> list[dict]:
-    rows = []
-    for scenario in SCENARIOS:
-        per_system = results.get(scenario.name)
-        if not per_system:
-            continue
-        keys = (*PARTS, "recovery_s", "checkpoint_bytes")
-        medians = {system: {k: statistics.median(r[k] for r in runs) for k in keys}
-                   for system, runs in per_system.items()}
-        best = {system: min(r["recovery_s"] for r in runs) for system, runs in per_system.items()}
-        peers = [s for s in per_system if s != "ucp"]
-        best_peer = min(peers, key=lambda s: medians[s]["recovery_s"]) if peers else None
-        for system, m in medians.items():
-            ratio = m["recovery_s"] / medians[best_peer]["recovery_s"] if best_peer else None
-            best_ratio = best[system] / best[best_peer] if best_peer else None
-            rows.append({"scenario": scenario.name, "system": PEER_NAMES[system], **m, "best_recovery_s": best[system],
-                         "vs_best_peer": ratio, "best_vs_best_peer": best_ratio, "runs": len(per_system[system])})
-    return rows
-
-
-def print_table(rows: list[dict], *, model: str, repeats: int) -> None:
-    header = ("| scenario | system | recovery s (median) | detect | teardown | convert | restart | load | first step | "
-              "checkpoint MiB | median / best peer's | best run s | best / best peer's |")
-    print(f"\nmodel: {model}; {repeats} run(s) per system, interleaved; parts are medians; "
-          "recovery = SIGKILL of rank 1 -> first step done\n")
-    print(header)
-    print("| --- " * 13 + "|")
-    for r in rows:
-        ratio = "" if r["vs_best_peer"] is None else f"{r['vs_best_peer']:.2f}"
-        best_ratio = "" if r["best_vs_best_peer"] is None else f"{r['best_vs_best_peer']:.2f}"
-        print(f"| {r['scenario']} | {r['system']} | {r['recovery_s']:.2f} | {r['detect_s']:.3f} | "
-              f"{r['teardown_s']:.2f} | {r['convert_s']:.2f} | {r['restart_s']:.2f} | {r['load_s']:.2f} | "
-              f"{r['first_step_s']:.2f} | {r['checkpoint_bytes'] / 2**20:.1f} | {ratio} | "
-              f"{r['best_recovery_s']:.2f} | {best_ratio} |")
+def print_table(summary: dict, *, model: str, repeats: int) -> None:
+    print(f"\nmodel: {model or 'default LlamaConfig (the demo model)'}; {repeats} run(s) per system, interleaved; "
+          "recovery = SIGKILL -> start of the first step after it; cold page cache for storage reads\n")
+    print("| transition | system | layout after | recovery s (median) | 95% CI | / dcp-restart | first step s | "
+          "lost steps | bitwise | parts (medians, s) |")
+    print("| --- " * 10 + "|")
+    for name, systems in summary["scenarios"].items():
+        for system, row in systems.items():
+            ratio = "" if row["vs_dcp_restart"] is None else f"{row['vs_dcp_restart']:.2f}"
+            parts = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in row["parts"].items())
+            bitwise = "not checked" if row["bitwise"] is None else str(row["bitwise"]).lower()
+            print(f"| {name} | {system} | {row['layout']} | {row['recovery_s']:.2f} | {row['ci95'][0]:.2f}-"
+                  f"{row['ci95'][1]:.2f} | {ratio} | {row['first_step_s']:.2f} | {row['lost_steps']:g} | {bitwise} | "
+                  f"{parts} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="LlamaConfig string (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per system (default %(default)s)")
-    parser.add_argument("--scenarios", default="all",
-                        help="comma-separated stacks to run: native,deepspeed (default all)")
+    parser.add_argument("--model", default="", help="LlamaConfig string (default: the demo model)")
+    parser.add_argument("--repeats", type=int, default=6, help="runs per system (default %(default)s)")
+    parser.add_argument("--scenarios", default="shrink,spare", help="shrink, spare (default both)")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help=f"comma-separated, among {', '.join(SYSTEMS)} (default %(default)s)")
     parser.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_json_option(parser, "the summary")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    wanted = {s.strip() for s in args.scenarios.split(",")} if args.scenarios != "all" else {s.stack for s in SCENARIOS}
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    scenarios = [s for s in SCENARIOS if s.name in {n.strip() for n in args.scenarios.split(",")}]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not scenarios:
+        parser.error(f"unknown system(s) {unknown}" if unknown else f"no scenario among {args.scenarios!r}")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ucp-recovery-"))
-    say = (lambda *_: None) if args.json else (lambda text: print(text, flush=True))
-    # one fork server for every system, DeepSpeed imported once: restarts cost the same for all
-    start_fork_server(WITH_DEEPSPEED if "deepspeed" in wanted else PRELOAD)
+    notes = sys.stderr if json_on_stdout(args) else sys.stdout
+    start_fork_server(WITH_DEEPSPEED if "deepspeed-universal" in systems else PRELOAD)
     results: dict = {}
-    for scenario in SCENARIOS:
-        if scenario.stack not in wanted:
-            continue
+    for scenario in scenarios:
         for index in range(args.repeats):  # interleaved: drift on a shared machine hits every system alike
-            for system in scenario.systems:
-                run = measure(scenario, system, args.model, index, root, say=say)
+            for system in systems:
+                run = measure(scenario, system, args.model, index, root)
                 results.setdefault(scenario.name, {}).setdefault(system, []).append(run)
-    rows = summarize(results)
-    loads = load_phase(args.model, args.repeats, root) if "native" in wanted else None
+                print(f"  {scenario.name} | {system} | run {index + 1}: recovery {run['recovery_s']:.2f}s "
+                      f"(load average {os.getloadavg()[0]:.1f})", flush=True, file=notes)
+    summary = summarize(results)
+    summary |= {"model": args.model, "repeats": args.repeats}
+    if not json_on_stdout(args):
+        print_table(summary, model=args.model, repeats=args.repeats)
     if args.json:
-        print(json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows, "load_phase": loads}, indent=2))
-        return 0
-    print_table(rows, model=args.model, repeats=args.repeats)
-    if loads:
-        u, d = loads["ucp"], loads["dcp"]
-        print(f"\nload phase alone ({SCENARIOS[0].before} -> {SCENARIOS[0].after}, same processes, alternating, "
-              f"{args.repeats} each): ucp median {u['median_s']:.2f}s (best {u['best_s']:.2f}s), "
-              f"DCP median {d['median_s']:.2f}s (best {d['best_s']:.2f}s); "
-              f"ucp / DCP {u['median_s'] / d['median_s']:.2f} (median), {u['best_s'] / d['best_s']:.2f} (best)")
+        write_json(summary, args.json, indent=2)
     return 0
 
 

@@ -1,0 +1,62 @@
+"""Hot recovery with real gloo processes: a SIGKILLed rank, survivors that never restart.
+
+Every logical tensor the survivors hold after the reshard is compared bit for bit with the last
+committed checkpoint (and each rank's RNG state with the one it saved), and the losses go on on
+the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from integrations.stacks.common import TrainSettings
+from integrations.stacks.hot import HotPlan, run_hot
+from integrations.stacks.transition import reference_run
+
+
+def _check(report, steps: int) -> None:
+    assert report.bitwise, (report.verified_tensors, report.mismatches[:5], report.rng_ok)
+    assert report.resumed_from == 3 and report.killed_at_step >= 4
+    reference = reference_run("", TrainSettings(), steps)
+    assert sorted(report.losses) == list(range(1, steps + 1))
+    for step, loss in report.losses.items():
+        assert abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4, (step, loss, reference[step - 1])
+    assert 0 <= report.detect_s < report.recovery_s
+
+
+@pytest.mark.slow
+def test_survivors_shrink_dp_and_take_a_corrupt_replicas_regions_from_storage(tmp_path):
+    # uid 0 survives but every blob it holds is corrupted after the last save: its own arrays come
+    # from its peer's replica, the lost rank's (whose replica it held) from storage
+    plan = HotPlan(layout="tp=2,dp=2,zero=1", steps=6, kill_uid=1, corrupt_uid=0)
+    events: list[dict] = []
+    report = run_hot(plan, tmp_path / "run", on_event=events.append, timeout_s=300)
+    _check(report, 6)
+    assert report.layout_after == "tp=2,zero=1"
+    assert report.why == "kept tp=2, pp=1, cp=1; dp 2 -> 1: 2 of 3 processes active, 1 idle as a spare"
+    assert report.corrupt and report.elements["storage"] > 0 and report.elements["peer"] > 0
+    assert [e["kind"] for e in events if e["kind"] in ("killed", "detected", "reformed", "recovered")] == [
+        "killed", "detected", "reformed", "recovered"]
+    assert not any(e["kind"] == "done" and e["uid"] == 1 for e in events)
+
+
+@pytest.mark.slow
+def test_a_spare_replaces_the_lost_rank_and_a_second_failure_while_resharding_shrinks_again(tmp_path):
+    plan = HotPlan(layout="tp=2,dp=2,zero=1", steps=6, kill_uid=1, spares=1, second_kill_uid=2)
+    events: list[dict] = []
+    report = run_hot(plan, tmp_path / "run", on_event=events.append, timeout_s=300)
+    _check(report, 6)
+    reformed = [e for e in events if e["kind"] == "reformed"]
+    assert [e["layout"] for e in reformed] == ["tp=2,dp=2,zero=1", "tp=2,zero=1"]
+    assert reformed[0]["uids"] == [0, 4, 2, 3]  # the spare takes the lost rank's place
+    assert report.generations == 2 and report.elements["storage"] == 0
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_found_by_the_heartbeat_watchdog_within_its_timeout(tmp_path):
+    # SIGSTOP: the process lives, its peers wait in a collective; the agent sees its beats stop,
+    # kills it, and the survivors' collectives fail at once
+    plan = HotPlan(layout="tp=2,dp=2,zero=1", steps=6, kill_uid=3, hang=True, hang_timeout_s=4.0)
+    report = run_hot(plan, tmp_path / "run", timeout_s=300)
+    _check(report, 6)
+    assert 3.0 <= report.detect_s < 30.0 and report.layout_after == "tp=2,zero=1"
