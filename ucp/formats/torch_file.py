@@ -42,11 +42,12 @@ import torch
 
 from ucp.dtypes import dtype_name
 from ucp.errors import FormatError, UnsafePickleError
-from ucp.formats.base import (Format, TensorInfo, TrainingState, expect_block, region_reader, register_format,
+from ucp.formats.base import (Format, StoredBytes, TensorInfo, TrainingState, expect_block, region_reader, register_format,
                               slice_region)
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.staging import StagedOutput
+from ucp.formats.tensor_geometry import Geometry, check_geometry, check_loaded
 from ucp.geometry import Box
 from ucp.spec import LogicalTensor
 from ucp.unpickle import RestrictedUnpickler, torch_load
@@ -69,12 +70,13 @@ class LazyTensor:
     stride: tuple[int, ...]
     dtype: str
 
+    @property
+    def geometry(self) -> Geometry:
+        """Its geometry (checked only once :func:`checked_tensor` made it)."""
+        return Geometry(self.dtype, self.shape, self.stride, self.offset)
+
     def contiguous(self) -> bool:
-        expected, acc = [], 1
-        for size in reversed(self.shape):
-            expected.append(acc)
-            acc *= size
-        return all(s == e or size == 1 for s, e, size in zip(self.stride, reversed(expected), self.shape))
+        return self.geometry.contiguous()
 
 
 class _LazyUnpickler(RestrictedUnpickler):
@@ -93,7 +95,7 @@ class _LazyUnpickler(RestrictedUnpickler):
             dtype = getattr(storage_type, "dtype", torch.uint8)
         if not isinstance(dtype, torch.dtype):
             raise FormatError(f"storage {key!r} has an unknown storage type {storage_type!r}")
-        return ("storage", str(key), dtype_name(dtype), int(numel))
+        return ("storage", str(key), dtype_name(dtype), numel)
 
     def find_class(self, module: str, name: str) -> Any:
         rebuild = _REBUILDS.get(f"{module}.{name}")
@@ -104,9 +106,9 @@ def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_: Any, dtype: 
     if not (isinstance(storage, tuple) and storage and storage[0] == "storage"):
         raise FormatError("a tensor in the pickle has no storage record; the file is damaged")
     _, key, storage_dtype, numel = storage
-    name = dtype_name(dtype) if dtype is not None else storage_dtype
-    return LazyTensor(key, storage_dtype, numel, int(offset), tuple(int(s) for s in size),
-                      tuple(int(s) for s in stride), name)
+    name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else storage_dtype if dtype is None else dtype
+    # Kept as the pickle states them: the reader checks them (tensor_geometry) once it knows the tensor's name.
+    return LazyTensor(key, storage_dtype, numel, offset, size, stride, name)
 
 
 def _rebuild_v3(storage, offset, size, stride, requires_grad, hooks, dtype, metadata=None):
@@ -211,11 +213,23 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     if not isinstance(value, LazyTensor):
         raise FormatError(f"{path}: bytes {start}..{start + length} hold a {type(value).__name__}, not a tensor")
     record = offsets.get(prefix + "data/" + value.key)
-    itemsize = getattr(torch, value.dtype).itemsize
-    need = (value.offset + _extent(value.shape, value.stride)) * itemsize if math.prod(value.shape) else 0
-    if record is None or record[2] != zipfile.ZIP_STORED or need > record[1]:
-        raise FormatError(f"{path}: the tensor saved at byte {start} has a missing, compressed or short storage record")
-    return value, record[0] + value.offset * itemsize
+    if record is None or record[2] != zipfile.ZIP_STORED:
+        raise FormatError(f"{path}: the tensor saved at byte {start} has a missing or compressed storage record")
+    value = checked_tensor(f"{path}: the tensor saved at byte {start}", value, record[1])
+    return value, record[0] + value.offset * getattr(torch, value.dtype).itemsize
+
+
+def checked_tensor(what: str, t: LazyTensor, record_bytes: int) -> LazyTensor:
+    """``t`` with its geometry checked (:mod:`ucp.formats.tensor_geometry`) against its storage, which the
+    pickle says holds ``storage_numel`` elements and whose record holds ``record_bytes``."""
+    storage = check_geometry(f"{what} (its storage {t.key!r})", dtype=t.storage_dtype, shape=(t.storage_numel,),
+                             available=math.inf)
+    if storage.nbytes > record_bytes:
+        raise FormatError(f"{what} needs {storage.nbytes} bytes of storage record {t.key!r}, which holds "
+                          f"{record_bytes} (damaged file)")
+    g = check_geometry(what, dtype=t.dtype, shape=t.shape, stride=t.stride, offset=t.offset,
+                       available=storage.nbytes)
+    return LazyTensor(t.key, t.storage_dtype, storage.numel, g.offset, g.shape, g.stride, g.dtype)
 
 
 class TorchFileReader:
@@ -247,24 +261,19 @@ class TorchFileReader:
                 archive.close()
         else:
             tree = torch_load(self.path, unknown="stand-in")
+            check_loaded(self.path, tree, file_bytes=os.path.getsize(self.path))
         self._names, self._state = split_tree(tree, _is_tensor)
-        for name, leaf in self._names.items():
-            if isinstance(leaf, LazyTensor):
-                self._check_record(name, leaf)
+        self._names = {name: self._check_record(name, leaf) if isinstance(leaf, LazyTensor) else leaf
+                       for name, leaf in self._names.items()}
 
-    def _check_record(self, name: str, t: LazyTensor) -> None:
-        record = self._records.get(t.key)
+    def _check_record(self, name: str, t: LazyTensor) -> LazyTensor:
+        record = self._records.get(t.key) if isinstance(t.key, str) else None
         if record is None:
             raise FormatError(f"{self.path}: tensor {name!r} refers to storage record {t.key!r}, which the archive "
                               "lacks (damaged file)")
         if record[2] != zipfile.ZIP_STORED:
             raise FormatError(f"{self.path}: storage record {t.key!r} is compressed; torch.save never does that")
-        itemsize = getattr(torch, t.dtype).itemsize
-        need = (t.offset + _extent(t.shape, t.stride)) * itemsize if math.prod(t.shape) else 0
-        have = t.storage_numel * getattr(torch, t.storage_dtype).itemsize
-        if need > have or have > record[1]:
-            raise FormatError(f"{self.path}: tensor {name!r} needs {need} bytes of storage record {t.key!r}, which "
-                              f"holds {record[1]} (damaged file)")
+        return checked_tensor(f"{self.path}: tensor {name!r}", t, record[1])
 
     def _fd_open(self) -> int:
         if self._fd is None:
@@ -274,8 +283,9 @@ class TorchFileReader:
     def tensors(self) -> Iterator[TensorInfo]:
         for name, leaf in self._names.items():
             if isinstance(leaf, LazyTensor):
-                yield TensorInfo(name, leaf.dtype, leaf.shape, region_reader(leaf.shape, leaf.dtype,
-                                                                             self._lazy_reader(name, leaf)))
+                read, stored = self._lazy_reader(name, leaf)
+                yield TensorInfo(name, leaf.dtype, leaf.shape, region_reader(leaf.shape, leaf.dtype, read),
+                                 stored=StoredBytes(leaf.geometry.stored_nbytes, stored))
             else:
                 if leaf.device.type == "meta":
                     raise FormatError(f"{self.path}: tensor {name!r} was saved on the meta device and has no data")
@@ -284,17 +294,19 @@ class TorchFileReader:
 
     def _lazy_reader(self, name: str, t: LazyTensor):
         what = f"{self.path}: tensor {name!r}"
+        start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
+
+        def stored() -> torch.Tensor:
+            span = t.geometry.span
+            return read_box(self._fd_open(), start, (span,), t.dtype, Box((0,), (span,)), what=what)
 
         def read(box: Box) -> torch.Tensor:
-            start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
             if t.contiguous():
                 return read_box(self._fd_open(), start, t.shape, t.dtype, box, what=what)
             # A strided view (a transpose, an expand): read the storage span it uses, then view it.
-            span = _extent(t.shape, t.stride) if math.prod(t.shape) else 0
-            flat = read_box(self._fd_open(), start, (span,), t.dtype, Box((0,), (span,)), what=what)
-            return torch.as_strided(flat, t.shape, t.stride)[box.slices()].clone()
+            return torch.as_strided(stored(), t.shape, t.stride)[box.slices()].clone()
 
-        return read
+        return read, stored
 
     def state(self) -> TrainingState:
         return self._state
@@ -309,10 +321,6 @@ class TorchFileReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
-    return sum((s - 1) * st for s, st in zip(shape, stride)) + 1
 
 
 def _is_zip(path: str) -> bool:
