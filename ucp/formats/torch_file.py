@@ -82,8 +82,8 @@ class LazyTensor:
 class _LazyUnpickler(RestrictedUnpickler):
     """The restricted unpickler, with tensors rebuilt as :class:`LazyTensor` instead of being read."""
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, unknown="stand-in")
+    def __init__(self, file: Any, source: str = "") -> None:
+        super().__init__(file, unknown="stand-in", source=source)
         self.persistent_load = self._storage
 
     def _storage(self, pid: Any) -> Any:
@@ -202,7 +202,7 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     window = _Window(fh, start, length)
     prefix, offsets, archive = _record_offsets(path, window, start)
     try:
-        value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
+        value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), f"{path} (bytes {start}..)").load()
     except (zipfile.BadZipFile, EOFError, ValueError, KeyError, zlib.error) as err:
         if isinstance(err, FormatError):
             raise
@@ -252,7 +252,7 @@ class TorchFileReader:
             self._records = {name[len(prefix) + 5:]: value for name, value in offsets.items()
                              if name.startswith(prefix + "data/")}
             try:
-                tree = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
+                tree = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), self.path).load()
             except (zipfile.BadZipFile, EOFError, ValueError, zlib.error) as err:
                 if isinstance(err, FormatError):
                     raise

@@ -80,3 +80,45 @@ def write_pt(path, tensors: dict[str, Record], records: dict[str, bytes], *, ext
 
 def floats(*values: float) -> bytes:
     return torch.tensor(values, dtype=torch.float32).numpy().tobytes()
+
+
+def archive_bytes(tensors: dict[str, Record] | Record, records: dict[str, bytes]) -> bytes:
+    """The bytes of a torch.save archive holding one tensor (a Record) or a dict of them."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "a.pt")
+        if isinstance(tensors, Record):
+            numel = len(records.get(tensors.key, b"")) // tensors.dtype.itemsize
+            write_archive(path, pickle_bytes(_Tensor(tensors, numel)), records)
+        else:
+            write_pt(path, tensors, records)
+        with open(path, "rb") as fh:
+            return fh.read()
+
+
+def write_dcp(folder, chunks: dict[str, tuple[tuple, bytes]], *, planner_data: dict | None = None,
+              dtype: torch.dtype = torch.float32) -> None:
+    """A DCP folder as FileSystemWriter lays it out: each ``fqn -> (shape, chunk archive bytes)`` one whole-tensor
+    chunk, back to back in ``__0_0.distcp``, and ``.metadata`` pickled with DCP's own classes."""
+    import os
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorProperties, TensorStorageMetadata)
+
+    os.makedirs(folder, exist_ok=True)
+    entries, storage, blob = {}, {}, b""
+    for fqn, (shape, data) in chunks.items():
+        offsets = torch.Size([0] * len(shape))
+        entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(shape),
+                                             [ChunkStorageMetadata(offsets, torch.Size(shape))])
+        storage[MetadataIndex(fqn, offsets)] = _StorageInfo("__0_0.distcp", len(blob), len(data))
+        blob += data
+    with open(os.path.join(folder, "__0_0.distcp"), "wb") as fh:
+        fh.write(blob)
+    metadata = Metadata(state_dict_metadata=entries, storage_data=storage,
+                        planner_data=planner_data if planner_data is not None else {k: (k,) for k in chunks})
+    with open(os.path.join(folder, ".metadata"), "wb") as fh:
+        pickle.dump(metadata, fh)
