@@ -43,7 +43,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ucp.dtypes import allocate, dtype_name
-from ucp.errors import FormatError, UnsafePickleError
+from ucp.errors import FormatError, UcpError, UnsafePickleError
 from ucp.formats.base import Format, TensorInfo, TrainingState, expect_block, region_reader, register_format
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import read_box
@@ -206,9 +206,9 @@ class DcpReader:
     def _run(self, plan: Any, sink: _Sink, what: str) -> None:
         try:
             self._storage.read_data(plan, sink).wait()
-        except (UnsafePickleError, FormatError):
+        except UcpError:
             raise
-        except (RuntimeError, EOFError, ValueError, OSError, AssertionError) as err:
+        except Exception as err:  # noqa: BLE001 - DCP's reader on damaged or hostile bytes can raise anything
             raise FormatError(f"{self.path}: reading {what} failed ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}); the data files are damaged") from None
 

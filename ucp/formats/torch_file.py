@@ -200,6 +200,14 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     (another object, a compressed or short record) is a :class:`FormatError`.
     """
     window = _Window(fh, start, length)
+    # torch.save ends its archive with the end-of-directory record (no comment): a window that ends
+    # anywhere else is not one archive, and zipfile would go looking for another one's directory
+    # in front of it (the previous chunk's) and read that tensor instead.
+    window.seek(max(0, length - 22))
+    if length < 22 or window.read(22)[:4] != b"PK\x05\x06":
+        raise FormatError(f"{path}: bytes {start}..{start + length} do not end where a torch.save archive ends "
+                          "(damaged metadata or data file)")
+    window.seek(0)
     prefix, offsets, archive = _record_offsets(path, window, start)
     try:
         value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), f"{path} (bytes {start}..)").load()
