@@ -396,8 +396,9 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (
         options["mmap"] = True
     try:
         return torch.load(source, **options)
-    except UnsafePickleError:
+    except UcpError:
         raise
-    except (pickle.UnpicklingError, EOFError) as err:
-        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the file"
-        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: {err})") from None
+    except Exception as err:  # noqa: BLE001 - torch.load on damaged or hostile bytes raises anything
+        where = where or "the file"
+        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None

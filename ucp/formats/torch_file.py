@@ -232,7 +232,7 @@ def checked_tensor(what: str, t: LazyTensor, record_bytes: int) -> LazyTensor:
     pickle says holds ``storage_numel`` elements and whose record holds ``record_bytes``."""
     storage = check_geometry(f"{what} (its storage {t.key!r})", dtype=t.storage_dtype, shape=(t.storage_numel,),
                              available=math.inf)
-    if storage.nbytes > record_bytes:
+    if storage.nbytes != record_bytes:  # torch.load insists on it too: a record is its storage, no more, no less
         raise FormatError(f"{what} needs {storage.nbytes} bytes of storage record {t.key!r}, which holds "
                           f"{record_bytes} (damaged file)")
     g = check_geometry(what, dtype=t.dtype, shape=t.shape, stride=t.stride, offset=t.offset,
