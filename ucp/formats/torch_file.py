@@ -291,30 +291,38 @@ class TorchFileReader:
     def tensors(self) -> Iterator[TensorInfo]:
         for name, leaf in self._names.items():
             if isinstance(leaf, LazyTensor):
-                read, stored = self._lazy_reader(name, leaf)
-                yield TensorInfo(name, leaf.dtype, leaf.shape, region_reader(leaf.shape, leaf.dtype, read),
-                                 stored=StoredBytes(leaf.geometry.stored_nbytes, stored))
+                yield TensorInfo(name, leaf.dtype, leaf.shape,
+                                 region_reader(leaf.shape, leaf.dtype, self._lazy_reader(name, leaf)),
+                                 stored=StoredBytes(leaf.geometry.stored_nbytes, self._stored_reader(name, leaf)))
             else:
                 if leaf.device.type == "meta":
                     raise FormatError(f"{self.path}: tensor {name!r} was saved on the meta device and has no data")
                 yield TensorInfo(name, dtype_name(leaf.dtype), tuple(leaf.shape),
                                  lambda region, t=leaf: slice_region(t, region).clone())
 
-    def _lazy_reader(self, name: str, t: LazyTensor):
+    def _stored_reader(self, name: str, t: LazyTensor):
+        """Reads the storage elements ``t`` uses, from its first to its last (1-d)."""
         what = f"{self.path}: tensor {name!r}"
-        start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
 
         def stored() -> torch.Tensor:
+            start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
             span = t.geometry.span
             return read_box(self._fd_open(), start, (span,), t.dtype, Box((0,), (span,)), what=what)
 
+        return stored
+
+    def _lazy_reader(self, name: str, t: LazyTensor):
+        what = f"{self.path}: tensor {name!r}"
+        stored = self._stored_reader(name, t)
+
         def read(box: Box) -> torch.Tensor:
             if t.contiguous():
+                start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
                 return read_box(self._fd_open(), start, t.shape, t.dtype, box, what=what)
             # A strided view (a transpose, an expand): read the storage span it uses, then view it.
             return torch.as_strided(stored(), t.shape, t.stride)[box.slices()].clone()
 
-        return read, stored
+        return read
 
     def state(self) -> TrainingState:
         return self._state
