@@ -45,7 +45,8 @@ class UcpCheckpointIO(_CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
         from ucp.api import save
 
-        save(checkpoint, os.fspath(path), overwrite=True, storage_options=storage_options)
+        # Lightning calls this on global rank 0 alone, with the whole state: a save of one rank.
+        save(checkpoint, os.fspath(path), overwrite=True, storage_options=storage_options, rank=0, world_size=1)
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         from ucp.api import load

@@ -109,9 +109,10 @@ class TrainingSession:
             return self.resumed_step
         from ucp.api import load
 
-        step = self.manager.latest_step()
-        if step is not None:
-            state = load(self.manager.path_for(step))
+        found = self.manager.latest_checkpoint()
+        step = None if found is None else found[0]
+        if found is not None:
+            state = load(found[1])
             if self._restore_fn is not None:
                 self._restore_fn(state)
             else:

@@ -5,17 +5,19 @@ A thin wrapper over :func:`tools.bench.core_bench.run_benchmark`.
 Example::
 
     ucp bench --size-gib 1.0 --dirs /tmp/ucp-bench,/dev/shm/ucp-bench
-    ucp bench --size-gib 0.1 --repeats 1 --json
+    ucp bench --size-gib 0.1 --repeats 1 --json -
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+
+from tools.output import add_json_option, console, fail, json_on_stdout, write_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="statistic of the repeats for tables and ratios: min (best; default: interference only adds time) or median",
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probes (fresh subprocesses)")
-    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    add_json_option(parser, "the full report")
     parser.set_defaults(func=run)
 
 
@@ -55,39 +57,53 @@ def _default_dirs() -> list[Path]:
     return dirs
 
 
+@contextmanager
+def _status(label: str):
+    """``update(message)``: a spinner on a terminal; elsewhere (CI logs) each step as a line on stderr."""
+    if not sys.stderr.isatty():
+        yield lambda message: print(f"{label}: {message}", file=sys.stderr, flush=True)
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(label) as status:
+        yield status.update
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.size_gib > 0 or math.isinf(args.size_gib):
-        print("ucp bench: error: --size-gib must be a positive number", file=sys.stderr)
-        return 2
+        return fail(args, "ucp bench", "--size-gib must be a positive number")
     if args.repeats < 1:
-        print("ucp bench: error: --repeats must be at least 1", file=sys.stderr)
-        return 2
+        return fail(args, "ucp bench", "--repeats must be at least 1")
     dirs = [Path(d) for d in args.dirs.split(",") if d] if args.dirs else _default_dirs()
     if not dirs:
-        print("ucp bench: error: --dirs names no directory", file=sys.stderr)
-        return 2
-
-    from rich.console import Console
+        return fail(args, "ucp bench", "--dirs names no directory")
 
     from tools.bench.core_bench import run_benchmark
     from tools.bench.core_report import render_tables
 
-    console = Console(stderr=args.json)
+    out = console(stderr=json_on_stdout(args))
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    with console.status("benchmarking") as status:
+    with _status("benchmarking") as update:
         report = run_benchmark(
             size_gib=args.size_gib,
             dirs=dirs,
             repeats=args.repeats,
             measure_rss=not args.no_rss,
             statistic=args.stat,
-            progress=lambda msg: status.update(msg),
+            progress=update,
         )
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+        write_json(report.to_dict(), args.json, indent=2)
+    if not json_on_stdout(args):
         for table in render_tables(report):
-            console.print(table)
+            out.print(table)
         for note in report.notes:
-            console.print(f"[dim]note: {note}[/dim]")
+            out.print(f"[dim]note: {note}[/dim]")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp bench`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["bench", *(sys.argv[1:] if argv is None else argv)])

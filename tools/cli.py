@@ -4,7 +4,8 @@ Each subcommand lives in its own module under tools/ with a
 ``register(subparsers)`` function that adds its parser and sets
 ``func=run`` where ``run(args) -> int``. No logic lives only here.
 
-Exit codes: 0 ok, 1 a check failed, 2 usage or input error.
+Exit codes: 0 ok, 1 a check failed, 2 usage or input error. ``--json [PATH]``
+means the same in every subcommand (:mod:`tools.output`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ SUBCOMMANDS = {
 }
 
 
+DISTRIBUTION = "ucp-middleware"
+# Library keyword arguments named in error messages -> the flag that sets them on the command line.
+API_FLAGS = {"pass overwrite=True (--overwrite)": "pass --overwrite", "overwrite=True": "--overwrite"}
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ucp",
         description="Universal checkpoints, checkpoint language, reliability analysis.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, module_name in SUBCOMMANDS.items():
@@ -50,6 +57,35 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed distribution's version, else the source tree's (pyproject.toml), else unknown."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    try:
+        with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as fh:
+            return str(tomllib.load(fh)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def cli_wording(message: str) -> str:
+    """A library message as the command line says it: keyword arguments become their flags.
+
+    >>> cli_wording("out exists; pass overwrite=True to replace it")
+    'out exists; pass --overwrite to replace it'
+    """
+    for keyword, flag in API_FLAGS.items():
+        message = message.replace(keyword, flag)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -65,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         from ucp.errors import UcpError
 
         if isinstance(err, (UcpError, OSError)):
-            print(f"ucp {args.command}: error: {err}", file=sys.stderr)
-            return 2
+            from tools.output import fail
+
+            return fail(args, f"ucp {args.command}", cli_wording(str(err)), kind=type(err).__name__)
         raise
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from tools.output import add_json_option, json_on_stdout, write_json
 
 MIN_STEPS = 12
 
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dir", default="ucp-demo-out", help="working directory (emptied first; default %(default)s)")
     parser.add_argument("--steps", type=int, default=40, help="training steps in all (default %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report instead of prose")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run)
 
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
               "the failure, which comes after 55% of the steps)", file=sys.stderr)
         return 2
     began = time.perf_counter()
-    say = (lambda *_: None) if args.json else (lambda line: print(line, flush=True))
+    say = (lambda *_: None) if json_on_stdout(args) else (lambda line: print(line, flush=True))
     save_every = 5
     kill_after = max(save_every + 2, int(args.steps * 0.55))
     try:
@@ -45,7 +46,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"ucp demo: {err}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+        write_json(report.to_dict(), args.json, indent=2)
+    if not json_on_stdout(args):
         print(f"done in {time.perf_counter() - began:.1f}s; checkpoints and the plot are in {report.directory}/")
     return 0 if report.verified else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp demo`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["demo", *(sys.argv[1:] if argv is None else argv)])

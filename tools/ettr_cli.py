@@ -3,18 +3,20 @@
 A thin wrapper over :mod:`reliability.ettr.report` (argument parsing and the table). Examples::
 
     ucp ettr --gpus 16000 --failures-per-1000-node-days 6.5 --restart-min 5 --save-min 1
-    ucp ettr --nodes 128 --from-logs analysis.json --save-min 0.5 --interval-min 30 --json
+    ucp ettr --nodes 128 --from-logs analysis.json --save-min 0.5 --interval-min 30 --json -
     ucp ettr --nodes 64 --mttf-hours 12 --save-min 2 --plot ettr.png --simulate
 
-Exit codes: 0 ok; 1 ``--require-ettr`` not met; 2 usage or input error.
+Exit codes: 0 ok; 1 ``--require-ettr`` not met; 2 usage or input error, including a job that
+cannot make progress (E[ETTR] 0 at every interval: failures come faster than restarts).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
+
+from tools.output import add_json_option, console, fail, json_on_stdout, write_json
 
 __all__ = ["register", "run", "main"]
 
@@ -51,16 +53,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--require-ettr", type=float, metavar="X",
                         help="exit 1 if ETTR at T (or at the optimum) is below X")
     parser.add_argument("--plot", metavar="FILE.png", help="write ETTR-vs-interval plot")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run)
     return parser
 
 
 def _print_table(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     title = (
         f"{report['nodes']} nodes, {report['failures_per_1000_node_days']:.3g} failures/1000 node-days "
         f"(job MTTF {report['job_mttf_hours']:.2f} h), save {report['save_min']:.3g} min, "
@@ -85,18 +86,18 @@ def _print_table(report: dict) -> None:
             cells.append(f"{row['simulated_ettr']:.4f} ± {2 * row['simulated_stderr']:.4f}")
         style = "bold green" if "optimal" in notes else ("bold" if notes else None)
         table.add_row(*cells, ", ".join(notes), style=style)
-    console.print(table)
-    console.print(
+    out.print(table)
+    out.print(
         f"ETTR-optimal interval: [bold]{report['optimal_interval_min']:.2f} min[/] "
         f"(E[ETTR] {report['ettr_at_optimal']:.4f})"
     )
     if report["save_min"] > 0:
-        console.print(
+        out.print(
             f"Young (1974): {report['young_interval_min']:.2f} min (E[ETTR] {report['ettr_at_young']:.4f}); "
             f"Daly (2006): {report['daly_interval_min']:.2f} min (E[ETTR] {report['ettr_at_daly']:.4f})"
         )
     else:
-        console.print("No blocking save cost: shorter intervals are always better (Young/Daly give 0).")
+        out.print("No blocking save cost: shorter intervals are always better (Young/Daly give 0).")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,14 +114,13 @@ def run(args: argparse.Namespace) -> int:
         interval_s = None if args.interval_min is None else args.interval_min * 60.0
         report = compute_report(job, interval_s=interval_s, simulate=args.simulate)
     except ETTRInputError as err:
-        print(f"ucp ettr: error: {err}", file=sys.stderr)
-        return 2
+        return fail(args, "ucp ettr", str(err))
     if args.plot:
         plot_report(job, report, args.plot)
         report["plot"] = str(args.plot)
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
+        write_json(report, args.json, indent=2)
+    if not json_on_stdout(args):
         _print_table(report)
         if args.plot:
             print(f"plot written to {args.plot}")
@@ -134,10 +134,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``ucp ettr`` alone (the ``ucp`` dispatcher calls :func:`run`)."""
-    parser = argparse.ArgumentParser(prog="ucp")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["ettr", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["ettr", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

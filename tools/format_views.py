@@ -7,11 +7,11 @@ recognises they hand over here. A thin layer over :mod:`ucp.formats.inspection`.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
-__all__ = ["foreign_format", "inspect_foreign", "verify_foreign"]
+from tools.output import console, json_on_stdout, write_json
+
+__all__ = ["foreign_format", "inspect_foreign", "verify_foreign", "counter"]
 
 
 def foreign_format(path: str) -> Any:
@@ -27,7 +27,6 @@ def foreign_format(path: str) -> Any:
 
 
 def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from tools.inspect_cli import _size  # the same size column as for ucp checkpoints
@@ -35,10 +34,11 @@ def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
 
     summary = describe_format(args.path, format=fmt.name)  # a damaged file raises: exit 2 in the dispatcher
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=1))
+        write_json(summary.to_dict(), args.json)
+    if json_on_stdout(args):
         return 0
-    console = Console()
-    console.print(f"[bold]{summary.path}[/bold]  format {summary.format} ({fmt.description})\n"
+    out = console()
+    out.print(f"[bold]{summary.path}[/bold]  format {summary.format} ({fmt.description})\n"
                   f"step {summary.step if summary.step is not None else '-'}  param groups {summary.param_groups}\n"
                   f"{len(summary.tensors)} tensors, {_size(summary.total_bytes)}", highlight=False)
     table = Table()
@@ -46,7 +46,7 @@ def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
         table.add_column(column, justify=justify, overflow="fold")
     for t in summary.tensors:
         table.add_row(t.name, t.dtype, str(list(t.shape)), _size(t.nbytes))
-    console.print(table)
+    out.print(table)
     return 0
 
 
@@ -54,16 +54,16 @@ def verify_foreign(args: argparse.Namespace, fmt: Any) -> int:
     from ucp.formats.inspection import verify_format
     from tools.progress_bar import byte_progress
 
-    with byte_progress("verifying", enabled=not args.json) as update:
-        report = verify_format(args.path, format=fmt.name,
-                               progress=None if update is None else _counter(update))
+    with byte_progress("verifying", enabled=True) as update:
+        report = verify_format(args.path, format=fmt.name, progress=counter(update))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        write_json(report.to_dict(), args.json)
+    if json_on_stdout(args):
+        pass
     elif report.ok:
         print(f"OK {report.path} ({report.format}): {report.tensors} tensors, {report.bytes_checked} bytes read "
               "back; structure and every tensor readable")
     else:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title=f"DAMAGED {report.path} ({report.format}): {len(report.problems)} problem(s)")
@@ -71,11 +71,14 @@ def verify_foreign(args: argparse.Namespace, fmt: Any) -> int:
             table.add_column(column, overflow="fold")
         for p in report.problems:
             table.add_row(p.tensor or "(file)", p.kind, p.message)
-        Console(file=sys.stdout).print(table)
+        console().print(table)
     return 0 if report.ok else 1
 
 
-def _counter(update):
+def counter(update):
+    """``step(nbytes)`` adding up to ``update(done, 0, "")`` (None when there is no progress to show)."""
+    if update is None:
+        return None
     done = [0]
 
     def step(nbytes: int) -> None:

@@ -3,7 +3,7 @@
 A thin wrapper over :func:`ucp.describe`. Examples::
 
     ucp inspect ckpt/step_100
-    ucp inspect ckpt/step_100 --json
+    ucp inspect ckpt/step_100 --json -          # or --json summary.json
 
 Exit codes: 0 ok; 2 not a checkpoint, damaged manifest, or bad usage.
 """
@@ -11,7 +11,9 @@ Exit codes: 0 ok; 2 not a checkpoint, damaged manifest, or bad usage.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+
+from tools.output import add_json_option, console, json_on_stdout, write_json
 
 __all__ = ["register", "run"]
 
@@ -24,7 +26,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "with its dtype, shape, fragments and size. Reads only the manifest.",
     )
     parser.add_argument("path", metavar="PATH", help="checkpoint directory or fsspec URL")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_json_option(parser, "the summary")
     parser.set_defaults(func=run)
     return parser
 
@@ -38,13 +40,13 @@ def run(args: argparse.Namespace) -> int:
 
     summary = describe(args.path)  # UcpError -> exit 2 in the dispatcher
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=1))
+        write_json(summary.to_dict(), args.json)
+    if json_on_stdout(args):
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    console.print(
+    out = console()
+    out.print(
         f"[bold]{summary.path}[/bold]  format {summary.format_version}  created {summary.created or '-'}\n"
         f"ranks {summary.world_size}  layout {summary.layout or '-'}  UCL program {'yes' if summary.has_program else 'no'}  "
         f"step {summary.step if summary.step is not None else '-'}  checksums {summary.checksum_algorithm or 'none'}\n"
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for t in summary.tensors:
         writers = ",".join(map(str, t.writers[:8])) + ("..." if len(t.writers) > 8 else "")
         table.add_row(t.name, t.dtype, str(list(t.shape)), str(t.fragments), _size(t.nbytes), writers)
-    console.print(table)
+    out.print(table)
     return 0
 
 
@@ -67,3 +69,10 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp inspect`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["inspect", *(sys.argv[1:] if argv is None else argv)])

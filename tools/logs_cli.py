@@ -9,12 +9,14 @@ Example::
     ucp logs analyze /var/log/slurm kern.log.gz --json report.json --html report.html \\
         --state templates.json --taxonomy-out discovered.json --workers 8
     ucp logs templates HDFS.log --json templates.json
+    ucp logs analyze kern.log --json - | jq .fits     # '-': the JSON on standard output, nothing else
 """
 
 from __future__ import annotations
 
-import json
 import sys
+
+from tools.output import add_json_option, console, fail, json_on_stdout, write_json
 
 
 def register(subparsers) -> None:
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
                     "rules, severities, failure words, template rarity), name them with the taxonomy or with "
                     "categories mined from the logs, fold them into incidents and fit MTTF.")
     analyze.add_argument("paths", nargs="+", metavar="PATH", help="log file, directory, glob, or - for stdin")
-    analyze.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/LOGS.md)")
+    add_json_option(analyze, "the full report (docs/LOGS.md)")
     analyze.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
     analyze.add_argument("--taxonomy", metavar="FILE", help="JSON taxonomy merged over the built-in one")
     analyze.add_argument("--taxonomy-out", metavar="FILE",
@@ -46,8 +48,7 @@ def register(subparsers) -> None:
         "templates", help="the template of every line (log parsing)",
         description="Mine the templates of the given logs and the template id of every input line.")
     templates.add_argument("paths", nargs="+", metavar="LOG", help="log file, directory, glob, or - for stdin")
-    templates.add_argument("--json", metavar="FILE", required=True,
-                           help='write {"templates": [{"id", "template", "count"}], "lines": [id, ...]}')
+    add_json_option(templates, '{"templates": [{"id", "template", "count"}], "lines": [id, ...]}', required=True)
     templates.add_argument("--state", metavar="FILE", help="template state (JSON) to start from and update")
     templates.add_argument("--year", type=int, default=None, help="year for syslog stamps without one")
     templates.set_defaults(func=run_templates)
@@ -63,35 +64,25 @@ def _parallel_options(parser) -> None:
                              "log paths must be readable on its workers")
 
 
-def _usage_error(message: str) -> int:
-    print(f"ucp logs: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run_analyze(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from reliability.logs.analyze import AnalysisOptions, analyze_logs
     from reliability.logs.parallel import dask_runner
     from reliability.logs.taxonomy import load_taxonomy
 
     if args.window <= 0 or args.gpus_per_node <= 0:
-        return _usage_error("--window and --gpus-per-node must be positive")
+        return fail(args, "ucp logs", "--window and --gpus-per-node must be positive")
     if args.workers is not None and args.workers < 1:
-        return _usage_error("--workers must be at least 1")
-    console = Console(stderr=False)
+        return fail(args, "ucp logs", "--workers must be at least 1")
+    from tools.progress_bar import count_progress
+
     taxonomy = load_taxonomy(extra=args.taxonomy)
     options = AnalysisOptions(window_s=args.window, gpus_per_node=args.gpus_per_node, default_year=args.year)
     run = dask_runner(workers=args.workers, scheduler=args.scheduler)
-    with Progress(TextColumn("reading logs"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=args.quiet) as bar:
-        task = bar.add_task("scan", total=None)
+    with count_progress("reading logs", "partitions", enabled=not args.quiet) as update:
         result = analyze_logs(args.paths, taxonomy=taxonomy, state_path=args.state, options=options, run=run,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+                              progress=lambda done, total: update(done, total))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result.to_dict(), handle, indent=1)
+        write_json(result.to_dict(), args.json)
     if args.taxonomy_out:
         from reliability.logs.discover import write_taxonomy
 
@@ -100,10 +91,10 @@ def run_analyze(args) -> int:
         from reliability.logs.report_html import write_html
 
         write_html(result, args.html)
-    if not args.quiet:
+    if not args.quiet and not json_on_stdout(args):
         from reliability.logs.report_terminal import render_summary
 
-        render_summary(result, console=console)
+        render_summary(result, console=console())
     return 0
 
 
@@ -113,8 +104,14 @@ def run_templates(args) -> int:
 
     known = TemplateSet.load(args.state) if args.state else None
     report = parse_templates(args.paths, known=known, default_year=args.year)
-    with open(args.json, "w", encoding="utf-8") as handle:
-        json.dump(report.to_dict(), handle)
+    write_json(report.to_dict(), args.json, indent=None)
     if args.state:
         report.templates.save(args.state)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp logs`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["logs", *(sys.argv[1:] if argv is None else argv)])

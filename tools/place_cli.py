@@ -13,8 +13,9 @@ Exit codes: 0 ok; 2 usage or input error.
 
 from __future__ import annotations
 
-import json
 import sys
+
+from tools.output import add_json_option, console, json_on_stdout, write_json
 
 _EPILOG = """\
 Scenario families: independent, correlated-rack, lemon, log-replay (default input: the shipped
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     ev.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
     ev.add_argument("--policy-file", metavar="FILE.zip", help="trained RL policy (default: the shipped one)")
     ev.add_argument("--no-online", action="store_true", help="do not retrain the RL policy during the run")
-    ev.add_argument("--json", metavar="FILE", help="write {scenarios: {family: {policy: metrics}}}")
+    add_json_option(ev, "{scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
     ev.set_defaults(func=run_eval)
     tr = sub.add_parser("train", parents=[common], help="retrain the RL placer from scratch (MaskablePPO)",
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
                         description="ROC-AUC, Brier score and calibration of the online failure forecaster "
                                     "on each family's evaluation trace.")
     fc.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
-    fc.add_argument("--json", metavar="FILE", help="write the metrics as JSON")
+    add_json_option(fc, "the metrics")
     fc.set_defaults(func=run_forecast)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
@@ -77,11 +78,10 @@ def _spec(args):
     return ClusterSpec.parse(args.cluster)
 
 
-def _progress(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress(label: str, unit: str, quiet: bool):
+    from tools.progress_bar import count_progress
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    disable=quiet, transient=True)
+    return count_progress(label, unit, enabled=not quiet)
 
 
 def run_eval(args) -> int:
@@ -95,30 +95,24 @@ def run_eval(args) -> int:
     options = EvalOptions(intervals=args.intervals, seed=args.seed, replicas=args.replicas, families=families,
                           spec=_spec(args), report_path=args.logs, policy_path=args.policy_file,
                           rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals)
-    with _progress(args.quiet) as bar:
-        task = bar.add_task("forecaster", total=None)
-
-        def progress(family, policy, done, total):
-            bar.update(task, description=f"{family} / {policy}", completed=done, total=total)
-
-        report = evaluate(options, progress=progress)
+    with _progress("evaluating", "intervals", args.quiet) as update:
+        report = evaluate(options, progress=lambda family, policy, done, total: update(done, total,
+                                                                                        f"{family} / {policy}"))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report.to_dict(), handle, indent=1)
+        write_json(report.to_dict(), args.json)
     if args.plot:
         plot(report, args.plot)
-    if not args.quiet:
+    if not args.quiet and not json_on_stdout(args):
         _print_report(report)
     return 0
 
 
 def _print_report(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from replication.evaluate import POLICY_NAMES, comparisons
 
-    console = Console()
+    out = console()
     for family, rows in report.scenarios.items():
         quality = report.forecasts[family]
         table = Table(title=f"{family}: {report.recoveries[family]} recoveries in {report.options.intervals} "
@@ -133,9 +127,9 @@ def _print_report(report) -> None:
             table.add_row(name, f"{row['mean_recovery_s']:.1f}", f"{change:+.1%}", f"{row['remote_share']:.3f}",
                           str(row["data_loss_events"]), f"{row['storage_bytes'] / 1e12:.2f}",
                           f"{row['storage_utilization']:.4f}")
-        console.print(table)
+        out.print(table)
     for line in comparisons(report):
-        console.print(line)
+        out.print(line)
 
 
 def run_train(args) -> int:
@@ -146,11 +140,10 @@ def run_train(args) -> int:
     if args.timesteps < 1 or args.intervals < 1:
         raise PlacementInputError("--timesteps and --intervals must be >= 1")
     out = args.out or str(shipped_policy_path())
-    with _progress(args.quiet) as bar:
-        task = bar.add_task("PPO steps", total=args.timesteps)
+    with _progress("training", "PPO steps", args.quiet) as update:
         model = train_policy(timesteps=args.timesteps, seed=args.seed, intervals=args.intervals, spec=_spec(args),
                              max_nodes=args.max_nodes or MAX_NODES, pretrain_intervals=args.pretrain_intervals,
-                             progress=lambda n: bar.update(task, completed=min(n, args.timesteps)))
+                             progress=lambda n: update(min(n, args.timesteps), args.timesteps))
     model.save(out)
     if not args.quiet:
         print(f"saved {out}")
@@ -169,9 +162,8 @@ def run_forecast(args) -> int:
                                   spec=spec, report_path=args.logs)
         out[family] = evaluate_forecasts(scenario.trace.failure_matrix(), scenario.forecasts)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(out, handle, indent=1)
-    if not args.quiet:
+        write_json(out, args.json)
+    if not args.quiet and not json_on_stdout(args):
         for family, m in out.items():
             print(f"{family:16s} ROC-AUC {m['roc_auc']:.3f}  Brier {m['brier']:.5f}  ECE {m['ece']:.5f}  "
                   f"base rate {m['base_rate']:.4f}  mean forecast {m['mean_forecast']:.4f}  "

@@ -20,8 +20,9 @@ Exit codes: 0 the program covers the layout, 1 findings, 2 usage, parse or input
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from tools.output import add_json_option, console, fail, json_on_stdout, write_json
 
 
 def register(subparsers) -> None:
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
                            help="where the model's state dict sits in the saved state, e.g. model/")
         p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                        help="program parameter (repeatable; lists as a|b)")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+        add_json_option(p, "the report")
 
     check = sub.add_parser("check", help="check that a program covers every logical tensor exactly once")
     common(check, models=True)
@@ -55,7 +56,7 @@ def register(subparsers) -> None:
     comp.add_argument("--rank", type=int, default=0, help="the rank to compile for (default 0)")
     comp.set_defaults(func=run)
     presets = sub.add_parser("presets", help="list the shipped presets")
-    presets.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(presets, "the preset names")
     presets.set_defaults(func=run)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
@@ -68,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ucl_command == "presets":
         names = preset_names()
-        print(json.dumps(names) if args.json else "\n".join(names))
+        if args.json:
+            write_json(names, args.json, indent=None)
+        if not json_on_stdout(args):
+            print("\n".join(names))
         return 0
     try:
         program = _program(args, load_program, parse_params(",".join(args.param)))
@@ -76,22 +80,19 @@ def run(args: argparse.Namespace) -> int:
         model = _model(args)
         logical = None if model is not None else _logical(args, program, layout)
     except (UcpError, OSError) as err:
-        print(f"ucp ucl {args.ucl_command}: error: {err}", file=sys.stderr)
-        return 2
+        return fail(args, f"ucp ucl {args.ucl_command}", str(err))
     if args.ucl_command == "compile":
         try:
             fmap = spec_for_load(program, layout, args.rank, logical)
         except UcpError as err:
-            print(f"ucp ucl compile: error: {err}", file=sys.stderr)
-            return 2
-        print(json.dumps(fmap.to_dict(), indent=1))
+            return fail(args, "ucp ucl compile", str(err))
+        write_json(fmap.to_dict(), args.json or "-")  # the fragment map is the output, JSON either way
         return 0
     try:
         report = _check_with_progress(program, layout, logical, model, args)
     except UcpError as err:  # e.g. a parameter with no value, met while checking
-        print(f"ucp ucl check: error: {err}", file=sys.stderr)
-        return 2
-    return _print_report(report, as_json=args.json)
+        return fail(args, "ucp ucl check", str(err))
+    return _print_report(report, args)
 
 
 def _program(args: argparse.Namespace, load_program, params: dict):
@@ -127,18 +128,18 @@ def _logical(args: argparse.Namespace, program, layout):
     return declared_logical(program, layout)
 
 
-def _print_report(report, *, as_json: bool) -> int:
-    from rich.console import Console
+def _print_report(report, args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    if as_json:
-        print(json.dumps(report.to_dict(), indent=1))
+    if args.json:
+        write_json(report.to_dict(), args.json)
+    if json_on_stdout(args):
         return 0 if report.ok else 1
-    console = Console()
+    out = console()
     for w in report.warnings:
-        console.print(f"[yellow]warning[/yellow] {w.message}", soft_wrap=True)
+        out.print(f"[yellow]warning[/yellow] {w.message}", soft_wrap=True)
     if report.ok:
-        console.print(f"[green]ok[/green] {report.program} covers every element of {report.logical_tensors} "
+        out.print(f"[green]ok[/green] {report.program} covers every element of {report.logical_tensors} "
                       f"logical tensors exactly once on {report.layout} ({report.ranks} ranks, "
                       f"{report.local_tensors} local tensors)", soft_wrap=True)
         return 0
@@ -147,9 +148,9 @@ def _print_report(report, *, as_json: bool) -> int:
     table.add_column("finding", overflow="fold")
     for f in report.findings[:50]:
         table.add_row(f.kind, f.message)
-    console.print(table)
+    out.print(table)
     if len(report.findings) > 50:
-        console.print(f"... and {len(report.findings) - 50} more (--json lists them all)")
+        out.print(f"... and {len(report.findings) - 50} more (--json lists them all)")
     return 1
 
 
@@ -160,10 +161,16 @@ def _check_with_progress(program, layout, logical, model, args):
 
     if model is not None:
         return check_model(program, layout, model, prefix=args.key_prefix)
-    if args.json or layout.world_size < 64:
+    if layout.world_size < 64:
         return check_program(program, layout, logical)
-    from rich.progress import Progress
+    from tools.progress_bar import count_progress
 
-    with Progress(transient=True, console=None) as bar:
-        task = bar.add_task(f"checking {layout.world_size} ranks", total=layout.world_size)
-        return check_program(program, layout, logical, progress=lambda done, total: bar.update(task, completed=done))
+    with count_progress("checking", "ranks", enabled=True) as update:
+        return check_program(program, layout, logical, progress=lambda done, total: update(done, total))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp ucl`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["ucl", *(sys.argv[1:] if argv is None else argv)])

@@ -4,7 +4,7 @@ A thin wrapper over :func:`ucp.verify` (the manifest, each array's zarr.json,
 every chunk against its size and checksum). Examples::
 
     ucp verify ckpt/step_100
-    ucp verify memory://bucket/ckpt --json
+    ucp verify memory://bucket/ckpt --json -
 
 Exit codes: 0 clean; 1 problems found (each is listed: tensor, file, kind, message),
 including a damaged manifest; 2 not a ucp checkpoint (nothing there, an uncommitted
@@ -14,8 +14,9 @@ save, another format, a plain file) or bad usage.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from tools.output import add_json_option, console, json_on_stdout, write_json
 
 __all__ = ["register", "run"]
 
@@ -29,7 +30,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "2 not a ucp checkpoint.",
     )
     parser.add_argument("path", metavar="PATH", help="checkpoint directory or fsspec URL")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run)
     return parser
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ucp.verification import verify
 
     try:
-        report = _verify_with_progress(args.path, quiet=args.json, verify=verify)
+        report = _verify_with_progress(args.path, verify=verify)
     except (CheckpointNotFoundError, IncompleteCheckpointError) as err:
         _emit_failure(args, "not-a-checkpoint", err)
         return 2
@@ -51,37 +52,34 @@ def run(args: argparse.Namespace) -> int:
         _emit_failure(args, type(err).__name__, err)
         return 2
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
-    else:
+        write_json(report.to_dict(), args.json)
+    if not json_on_stdout(args):
         _print_report(report)
     return 0 if report.ok else 1
 
 
-def _verify_with_progress(path: str, *, quiet: bool, verify):
-    if quiet or not sys.stderr.isatty():
-        return verify(path)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+def _verify_with_progress(path: str, *, verify):
+    from tools.format_views import counter
+    from tools.progress_bar import byte_progress
 
-    with Progress(TextColumn("verifying"), BarColumn(), DownloadColumn(), transient=True) as bar:
-        task = bar.add_task("verify", total=None)
-        return verify(path, progress=lambda n: bar.advance(task, n))
+    with byte_progress("verifying", enabled=True) as update:
+        return verify(path, progress=counter(update))
 
 
 def _emit_failure(args, kind: str, err: Exception) -> None:
     if args.json:
-        print(json.dumps({"path": args.path, "ok": False, "error": kind, "message": str(err)}, indent=1))
-    else:
+        write_json({"path": args.path, "ok": False, "error": kind, "message": str(err)}, args.json)
+    if not json_on_stdout(args):
         print(f"ucp verify: {err}", file=sys.stderr)
 
 
 def _print_report(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     if report.ok:
         what = "checksums match" if report.checksums else "readable (saved without checksums)"
-        console.print(f"OK {report.path}: {report.tensors} tensors, {report.fragments} fragments, "
+        out.print(f"OK {report.path}: {report.tensors} tensors, {report.fragments} fragments, "
                       f"{report.bytes_checked} bytes, {what}")
         return
     table = Table(title=f"DAMAGED {report.path}: {len(report.problems)} problem(s)")
@@ -89,6 +87,13 @@ def _print_report(report) -> None:
         table.add_column(column, overflow="fold")
     for p in report.problems:
         table.add_row(p.tensor or "(manifest)", p.file, p.kind)
-    console.print(table)
+    out.print(table)
     for p in report.problems:
-        console.print(f"- {p.message}", markup=False, highlight=False)
+        out.print(f"- {p.message}", markup=False, highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ucp verify`` alone (the ``ucp`` dispatcher calls the subcommand's function)."""
+    from tools.cli import main as ucp_main
+
+    return ucp_main(["verify", *(sys.argv[1:] if argv is None else argv)])

@@ -58,6 +58,10 @@ class BoundProgram:
         items = format_params(self.params)
         return f"{name}:{items}" if items else name
 
+    def unset_params(self) -> list[str]:
+        """The parameters that must be given (no default) and have no value, in declaration order."""
+        return [n for n, default in self.program.params.items() if default is None and n not in self.params]
+
     def record(self) -> ProgramRecord:
         """What a manifest keeps: the program's full text, its parameters and the preset name."""
         params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.params.items()}

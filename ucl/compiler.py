@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ucl.env import Context, unmet_requirements
+from ucl.env import Context, all_unset_named, unmet_requirements
 from ucl.errors import DeclaredShapeError, UclError
 from ucl.flat import compose, flat_layout
 from ucl.geometry_rules import check_declared, declared_shapes, local_geometry, logical_shapes
@@ -119,6 +119,16 @@ def _require_layout(ctx: Context) -> None:
 # --------------------------------------------------------------------------- save
 
 
+def _all_unset_named(compile_fn):
+    """A parameter met without a value is reported with every other parameter that lacks one."""
+    @functools.wraps(compile_fn)
+    def run(program: Program, layout: Layout, rank: int, tensors: dict, *, params=None, **kwargs):
+        with all_unset_named(program, params):
+            return compile_fn(program, layout, rank, tensors, params=params, **kwargs)
+    return run
+
+
+@_all_unset_named
 def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, params=None,
                  shapes: dict | None = None) -> BoundFragmentMap:
     """Save direction. ``local``: key -> (shape, dtype). ``shapes``: logical name -> LogicalTensor
@@ -293,6 +303,7 @@ def _reverse_text(rule: TensorRule, logical: dict, text_caps: list[str]) -> list
     return out
 
 
+@_all_unset_named
 def compile_load(program: Program, layout: Layout, rank: int, logical: dict, *, params=None) -> BoundFragmentMap:
     """Load direction. ``logical``: name -> LogicalTensor from a checkpoint manifest."""
     ctx = Context.make(program, layout, rank, params)

@@ -15,7 +15,7 @@ sizes 1 elsewhere, where no tensor is split.
 from __future__ import annotations
 
 from ucl.bind import load_program
-from ucl.env import Context
+from ucl.env import Context, all_unset_named
 from ucl.errors import UclError
 from ucl.geometry_rules import declared_shapes
 from ucl.matching import bounds_of, enumerate_captures, member_order, where_ok
@@ -38,9 +38,14 @@ def declared_logical(program, layout, *, params: dict | None = None) -> dict[str
     base = Layout(pp=lay.pp, vpp=lay.vpp, zero=lay.zero)
     for rule in prog.rules:
         _check_listable(prog, rule)
+    with all_unset_named(prog, bound.params):
+        return _declared(prog, base, bound.params)
+
+
+def _declared(prog, base: Layout, params: dict) -> dict[str, LogicalTensor]:
     logical: dict[str, LogicalTensor] = {}
     for rank in range(base.world_size):
-        ctx = Context.make(prog, base, rank, bound.params)
+        ctx = Context.make(prog, base, rank, params)
         members: dict[str, list] = {}
         for rule in (r for r in prog.rules if isinstance(r, TensorRule)):
             for values, omit in enumerate_captures(rule, ctx, rule.local.captures, bounds_of(rule), {}, 0):

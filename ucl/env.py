@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
 from ucl.errors import UclError, UnboundNameError
-from ucl.expr import MAX_INT, Expr
+from ucl.expr import MAX_INT, PARAM_HINT, Expr
 from ucl.program import Program
 from ucp.geometry import split_evenly
 from ucp.layout import Layout, RankCoords
@@ -94,6 +95,25 @@ class Env(dict):
             self._busy.discard(name)
         self[name] = value
         return value
+
+
+@contextmanager
+def all_unset_named(program: Program, given: Mapping | None):
+    """Turn the first "'x' has no value" met inside into one naming every parameter still without a value.
+
+    A program's parameters are read lazily (one that is never used needs no value), so the
+    first use is where a missing one shows up; the user should not have to fix them one run
+    at a time.
+    """
+    try:
+        yield
+    except UnboundNameError as err:
+        unset = [n for n, d in program.params.items() if d is None and n not in (given or {})]
+        if not unset:
+            raise
+        first = str(err).removesuffix(f" ({PARAM_HINT})")
+        raise UnboundNameError(f"{first}; the program's parameters without a value: {', '.join(unset)} "
+                               f"({PARAM_HINT})") from None
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,7 @@ class Expr:
         except KeyError as err:  # a name the environment has no value for (the code reads names as env[name])
             missing = str(err.args[0]) if err.args else "?"
             raise UnboundNameError(
-                f"{self.where[0]}:{self.where[1]}: {missing!r} has no value in {self.text!r} "
-                "(give the program parameter a value: ucl.load_program(..., NAME=VALUE), or "
-                "--param NAME=VALUE to ucp ucl check)"
+                f"{self.where[0]}:{self.where[1]}: {missing!r} has no value in {self.text!r} ({PARAM_HINT})"
             ) from None
 
     def eval_int(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None) -> int:
@@ -268,4 +266,8 @@ def ceil_to(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple if multiple > 0 else value
 
 
-__all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS", "MAX_INT"]
+__all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS", "MAX_INT", "PARAM_HINT"]
+
+# How to give a program parameter a value, in Python and on every command that takes a program.
+PARAM_HINT = ("give each a value: ucl.load_program(..., NAME=VALUE), or --param NAME=VALUE to ucp ucl check / "
+              "ucp convert")

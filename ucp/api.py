@@ -3,9 +3,9 @@
 ::
 
     import ucp
-    ucp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 7}, "ckpt/7")
-    state = ucp.load("ckpt/7")                       # a new state
-    ucp.load("ckpt/7", into={"model": model.state_dict()}, strict=False)  # in place
+    ucp.save({"model": model, "optim": opt, "step": 7}, "ckpt/7")   # their state_dict() now
+    state = ucp.load("ckpt/7")                                      # a new state (plain dicts)
+    ucp.load("ckpt/7", into={"model": model, "optim": opt, "step": 0})  # in place, fresh objects too
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ucp.dtypes import allocate, dtype_name
-from ucp.errors import InvalidArgumentError, KeyMismatchError, ShapeMismatchError, UcpError, UnsupportedTensorError
+from ucp.errors import InvalidArgumentError, UcpError
 from ucp.geometry import Box, FlatRange, Region, region_shape
 from ucp.layout import Layout
 from ucp.programs import compile_for_load, compile_for_save
+from ucp.into_checks import check_fits, is_dtensor, key_error, saved_extras, spec_for_into
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.save_checks import check_spec_fit, check_tensors, local_tensor as _local
 from ucp.stores import StoreOptions
-from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_refs
+from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_places, tensor_refs
+from ucp.stateful import LoadTargets, skeleton
 from ucp.shared_save import finalize, record_failure  # noqa: F401 - re-exported
 from ucp.writer import CheckpointWriter, SaveResult  # noqa: F401 - re-exported
 
@@ -62,6 +64,11 @@ def save(
     partitions). Values that are not JSON are refused unless ``allow_objects``
     (pickled; loads need ``allow_objects`` too, see :func:`load`).
     ``store_options`` (:class:`~ucp.stores.StoreOptions`) tunes the I/O, never the format.
+    Objects with ``state_dict()`` (modules, optimizers, schedulers) are saved as their state
+    dict at the time of the call (:mod:`ucp.stateful`). When torch.distributed is initialized
+    and none of ``process_group``, ``rank``, ``world_size`` is given, every rank of the world
+    saves together (``process_group`` defaults to the world group, as in DCP); pass
+    ``world_size=1`` for a save that only this rank makes.
 
     >>> import torch, ucp, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -115,6 +122,8 @@ def open_writer(
     True
     """
     record = lay = None
+    if process_group is None and rank is None and world_size is None:
+        process_group = default_process_group()
     if process_group is not None:
         import torch.distributed as dist
 
@@ -155,6 +164,20 @@ def open_writer(
         layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
+
+
+def default_process_group() -> Any:
+    """The world group when torch.distributed is initialized with more than one rank, else None.
+
+    A save given neither ``process_group`` nor ``rank``/``world_size`` is a save of every rank
+    of the job, as with ``torch.distributed.checkpoint``: without it each rank would commit its
+    own shards alone. A save that only this rank makes passes ``world_size=1``.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
 
 
 def _local_shapes(flat: FlatState) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -204,7 +227,16 @@ def load(
     which must agree with it on the model's parameters), exactly that rank's
     local tensors are returned, reading only the bytes that overlap them.
     ``into`` fills existing tensors with ``copy_`` (no second copy) and the
-    returned state shares them.
+    returned state shares them; its non-tensor values (a step, a learning rate)
+    are replaced by the saved ones in place, and objects with ``state_dict()``
+    in it get theirs back through ``load_state_dict`` (a fresh optimizer's
+    per-parameter state is created first: :mod:`ucp.stateful`). ``into`` may be
+    the tree a load without it returned (positions are matched through the
+    saved tree). ``strict`` refuses keys on either side that the other lacks;
+    ``strict=False`` fills what both have, adds saved entries ``into`` lacks
+    under its own top-level keys, and skips the other top-level entries with a
+    :class:`~ucp.errors.PartialLoadWarning` naming them: saved data is never
+    dropped silently.
 
     A whole load returns every logical tensor: the saved tree's references
     resolved, plus the logical tensors the tree does not place, at the top
@@ -260,12 +292,14 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
         rank = spec.rank
     tree_rank = rank if rank in manifest.states else min(manifest.states, default=0)
     tree = manifest.states.get(tree_rank)
-    into_tensors = state_tensors(into) if into is not None else None
-    if spec is None and into_tensors is not None and any(_is_dtensor(t) for t in into_tensors.values()):
-        spec = _spec_for_into(reader, into_tensors, strict)
+    targets_of = LoadTargets(into, skeleton(tree)) if into is not None else None
+    into_tensors = state_tensors(targets_of.tree) if targets_of is not None else None
+    if spec is None and into_tensors is not None and any(is_dtensor(t) for t in into_tensors.values()):
+        spec = spec_for_into(reader, into_tensors, strict)
         strict = False  # checked just now, against the whole checkpoint
 
-    targets = _targets(reader, spec, tree, into_tensors, strict)
+    skipped: set[str] = set()  # top-level keys of the saved state that a non-strict load leaves out
+    targets = _targets(reader, spec, tree, into_tensors, strict, top=_top_keys(into), skipped=skipped)
     whole = spec is None and into_tensors is None
     # Everything that can refuse the tree (malformed tags, objects not allowed, names that
     # cannot be placed) refuses it now, before any tensor is read.
@@ -274,7 +308,7 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
     tensors: dict[str, torch.Tensor] = {}
     with reader:
         for key, (tspec, shape, dtype) in targets.items():
-            if into_tensors is not None:
+            if into_tensors is not None and key in into_tensors:
                 dest = into_tensors[key]
             elif sum(piece.local.numel for piece in tspec.pieces) == math.prod(shape):
                 dest = allocate(shape, dtype, what=repr(key))
@@ -287,38 +321,58 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
             if into_tensors is None and device.type != "cpu":
                 dest = dest.to(device)
             tensors[key] = dest
-    return assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
+    state = assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
+    for key in skipped if isinstance(state, dict) else ():  # left out whole: a part would mislead
+        state.pop(key, None)
+    if targets_of is not None:  # non-tensor values (step, lr) in place too; then load_state_dict
+        targets_of.finish(state)
+    return state
+
+
+def _top_keys(into: Any) -> set | None:
+    return set(map(str, into)) if isinstance(into, dict) else None
 
 
 _PLACEHOLDER = torch.empty(0)
 
 
-def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
-             into: dict[str, torch.Tensor] | None, strict: bool) -> dict[str, tuple[TensorSpec, tuple, str]]:
-    """key -> (spec of the local tensor, its shape, its dtype) for everything to load."""
+def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into: dict[str, torch.Tensor] | None,
+             strict: bool, *, top: set | None = None, skipped: set | None = None) -> dict[str, tuple[TensorSpec, tuple, str]]:
+    """key -> (spec of the local tensor, its shape, its dtype) for everything to load.
+
+    A non-strict whole load into ``into`` also loads the saved tensors ``into`` has no tensor
+    for, under its top-level keys ``top`` (keyed by logical name: the tree places them).
+    """
     logical = reader.logical()
     out: dict[str, tuple[TensorSpec, tuple, str]] = {}
     if spec is None:
-        wanted = list(into) if into is not None else _identity_keys(tree, logical)
-        missing = [k for k in wanted if k not in logical]
-        unexpected = [n for n in logical if into is not None and n not in into]
+        places = tensor_places(tree)
+        if into is None:
+            wanted = {k: k for k in _identity_keys(tree, logical)}
+        else:  # a key of ``into`` is a position in the state; the tree says which logical tensor is there
+            wanted = {k: places[k] if places.get(k) in logical else k for k in into}
+        missing = [k for k, name in wanted.items() if name not in logical]
+        loaded = set(wanted.values())
+        unexpected = [n for n in logical if into is not None and n not in loaded]
         if strict and (missing or unexpected):
-            raise _key_error(reader.path, missing, unexpected)
-        for key in wanted:
-            if key in logical:
-                lt = logical[key]
+            raise key_error(reader.path, missing, unexpected)
+        if unexpected:
+            wanted.update(saved_extras(reader.path, unexpected, places, top, skipped))
+        for key, name in wanted.items():
+            if name in logical:
+                lt = logical[name]
                 box = Box.full(lt.shape)
-                out[key] = (TensorSpec(key, (ShardPiece(key, box, box),)), lt.shape, lt.dtype)
+                out[key] = (TensorSpec(key, (ShardPiece(name, box, box),)), lt.shape, lt.dtype)
     else:
         spec.validate()
         missing = sorted({p.logical for t in spec.tensors.values() for p in t.pieces if p.logical not in logical})
         unexpected = [k for k in (into or {}) if k not in spec.tensors]
         if strict and (missing or unexpected):
-            raise _key_error(reader.path, missing, unexpected)
+            raise key_error(reader.path, missing, unexpected)
         for key, tspec in spec.tensors.items():
             if into is not None and key not in into:
                 if strict:
-                    raise _key_error(reader.path, [key], [])
+                    raise key_error(reader.path, [key], [])
                 continue
             pieces = tuple(p for p in tspec.pieces if p.logical in logical)
             # A compiled UCL map knows each local shape and dtype, padding included; else the pieces bound it.
@@ -331,7 +385,9 @@ def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any,
             out[key] = (tspec, shape, dtype)
     if into is not None:
         for key, (tspec, shape, dtype) in out.items():
-            _check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)
+            if key not in into:
+                continue
+            check_fits(reader, key, tspec, _local(into[key]), shape, dtype, exact=spec is None)
     return out
 
 
@@ -347,45 +403,6 @@ def _local_shape(pieces) -> tuple[int, ...]:
         return (max(p.local.stop for p in pieces),)
     boxes = [p.local for p in pieces if isinstance(p.local, Box)]
     return tuple(max(b.stops[d] for b in boxes) for d in range(boxes[0].ndim))
-
-
-def _check_into(key: str, tensor: torch.Tensor) -> None:
-    """A tensor to load into must have memory the bytes can go to."""
-    if tensor.device.type == "meta":
-        raise UnsupportedTensorError(
-            f"cannot load {key!r} into a tensor on the meta device (it has no memory); materialize it first "
-            "(e.g. module.to_empty(device='cpu')) or load without into="
-        )
-    if tensor.is_nested or tensor.layout != torch.strided:
-        kind = "nested" if tensor.is_nested else str(tensor.layout)
-        raise UnsupportedTensorError(
-            f"cannot load {key!r} into a sparse tensor ({kind}); load without into= and convert the result"
-        )
-
-
-def _check_fits(reader, key, tspec, tensor, shape, dtype, *, exact: bool) -> None:
-    _check_into(key, tensor)
-    got = (list(tensor.shape), dtype_name(tensor.dtype))
-    fits = tuple(tensor.shape) == tuple(shape) if exact else all(
-        (isinstance(p.local, Box) and len(p.local.sizes) == tensor.dim() and Box.full(tuple(tensor.shape)).contains(p.local))
-        or (isinstance(p.local, FlatRange) and p.local.stop <= tensor.numel())
-        for p in tspec.pieces
-    )
-    if not fits or got[1] != dtype:
-        raise ShapeMismatchError(
-            f"cannot load {key!r}: the checkpoint has {dtype}{list(shape)} but the tensor to load into is "
-            f"{got[1]}{got[0]}; pass a tensor of that shape and dtype, or load without into= and convert"
-        )
-
-
-def _key_error(path: str, missing: list[str], unexpected: list[str]) -> KeyMismatchError:
-    lines = [f"keys do not match checkpoint {path}:"]
-    if missing:
-        lines.append(f"  missing from the checkpoint ({len(missing)}): {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
-    if unexpected:
-        lines.append(f"  not expected by the target ({len(unexpected)}): {', '.join(unexpected[:20])}" + (" ..." if len(unexpected) > 20 else ""))
-    lines.append("  pass strict=False to load only the keys both have")
-    return KeyMismatchError("\n".join(lines))
 
 
 def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region, dest: torch.Tensor) -> None:
@@ -432,39 +449,3 @@ def read_tensor(path: str | os.PathLike, name: str, region: Region | None = None
     """
     with CheckpointReader(os.fspath(path), verify=verify, storage_options=storage_options) as reader:
         return reader.read_tensor(name, region)
-
-
-def _is_dtensor(tensor: Any) -> bool:
-    return type(tensor).__name__ == "DTensor"
-
-
-def _spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], strict: bool) -> FragmentMap:
-    """A fragment map for an ``into`` state holding DTensors (plain tensors: whole logical tensors)."""
-    from ucp.dtensor import dtensor_spec
-
-    logical = reader.logical()
-    missing = [k for k in into if k not in logical]
-    unexpected = [n for n in logical if n not in into]
-    if strict and (missing or unexpected):
-        raise _key_error(reader.path, missing, unexpected)
-    specs, rank = {}, 0
-    for key, tensor in into.items():
-        if key not in logical:
-            continue
-        if _is_dtensor(tensor):
-            import torch.distributed as dist
-
-            rank = dist.get_rank()
-            _check_into(key, tensor.to_local())
-            lt, specs[key] = dtensor_spec(key, tensor)
-            if (lt.shape, lt.dtype) != (logical[key].shape, logical[key].dtype):
-                raise ShapeMismatchError(
-                    f"cannot load {key!r}: the checkpoint has {logical[key].dtype}{list(logical[key].shape)} but the "
-                    f"DTensor to load into is {lt.dtype}{list(lt.shape)}; pass a DTensor of that global shape and dtype"
-                )
-        else:
-            _check_fits(reader, key, None, tensor, logical[key].shape, logical[key].dtype, exact=True)
-            box = Box.full(tuple(tensor.shape))
-            specs[key] = TensorSpec(key, (ShardPiece(key, box, box),))
-    return FragmentMap(rank=rank, logical=logical, tensors=specs)
-

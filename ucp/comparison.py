@@ -60,8 +60,14 @@ class DiffReport:
 
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = None, b_format: str | None = None,
          atol: float = 0.0, compare_state: bool = True, memory_budget: int | str = "2GiB",
-         progress: Callable[[int, int, str], None] | None = None) -> DiffReport:
+         progress: Callable[[int, int, str], None] | None = None, only: str | None = None,
+         b_whole: bool = False) -> DiffReport:
     """Compare checkpoints ``a`` and ``b`` (see the module doc).
+
+    ``only`` compares one part of each side, as :func:`ucp.convert` writes it (``"model"``:
+    the model's tensors; a root such as ``"ema"``: its tensors without the prefix), and no
+    training state: ``ucp.diff(ckpt, exported, only="model")`` checks a weights-only export.
+    ``b_whole`` applies ``only`` to ``a`` alone (``b`` is such an export already: ``only="ema"``).
 
     >>> import torch, tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -72,6 +78,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = N
     """
     from ucp.conversion import block_bytes_for
     from ucp.formats import blocks, detect_format, get_format, parse_size
+    from ucp.formats.selection import select_tensors
 
     if atol < 0 or math.isnan(atol):
         raise ValueError(f"atol must be >= 0, got {atol}")
@@ -82,8 +89,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = N
     out: list[Difference] = []
     compared = done = 0
     with fa.open_reader(a) as ra, fb.open_reader(b) as rb:
-        ia = {t.name: t for t in ra.tensors()}
-        ib = {t.name: t for t in rb.tensors()}
+        ia = {t.name: t for t in select_tensors(ra.tensors(), only, where=a)[0]}
+        ib = {t.name: t for t in select_tensors(rb.tensors(), None if b_whole else only, where=b)[0]}
         out += [Difference(n, "missing", f"in {a} only") for n in ia if n not in ib]
         out += [Difference(n, "extra", f"in {b} only") for n in ib if n not in ia]
         common = [n for n in ia if n in ib]
@@ -104,7 +111,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = N
             done += ta.nbytes
             if progress is not None:
                 progress(done, total, name)
-        if compare_state:
+        if compare_state and only is None:
             out += _compare_state(ra.state().to_dict(), rb.state().to_dict())
     order = {"missing": 0, "extra": 1, "shape": 2, "dtype": 3, "values": 4, "state": 5}
     out.sort(key=lambda d: (order[d.kind], d.name))

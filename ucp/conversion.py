@@ -55,6 +55,12 @@ class ConvertResult:
     memory_budget: int
     block_bytes: int
     seconds: float
+    only: str | None = None
+    left_out: tuple[str, ...] = ()  # tensors of the source not written (``only``)
+    files: tuple[str, ...] = ()  # side files copied (config.json, tokenizer files)
+    files_left_out: tuple[str, ...] = ()  # side files of the source the output format has no room for
+    program: str | None = None  # the UCL program and its parameter values, in short form
+    non_model_tensors: int = 0  # written tensors outside the model part (optimizer state, other roots)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,6 +92,9 @@ def convert(
     overwrite: bool = False,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    only: str | None = None,
+    hf_files: str | os.PathLike | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> ConvertResult:
     """Convert the checkpoint at ``src`` into ``dst_format`` at ``dst`` (see the module doc).
 
@@ -95,6 +104,15 @@ def convert(
     ``options`` go to the writer (e.g. ``{"shard_size": "2GB"}`` for safetensors).
     ``progress(done_bytes, total_bytes, tensor_name)`` is called after each piece.
 
+    ``only`` writes one part of the source, weights only (no training state): ``"model"``
+    for the model's tensors, or a root such as ``"ema"`` whose prefix is stripped
+    (:mod:`ucp.formats.selection`); ``left_out`` in the result names what was not written.
+    A safetensors folder output gets the Hugging Face side files ``from_pretrained`` needs
+    (config.json, generation config, tokenizer files) from ``hf_files`` (a folder), by
+    default from ``src`` itself when it is such a folder. ``params`` are values for the
+    program's parameters; those not given come from a ``config.json`` beside ``src`` (in
+    it, or in the folder holding it) when there is one.
+
     >>> import torch, tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> torch.save({"w": torch.ones(3)}, os.path.join(d, "m.pt"))
@@ -102,8 +120,10 @@ def convert(
     >>> r.src_format, r.dst_format, r.tensors
     ('torch', 'safetensors', 1)
     """
-    from ucp.formats import detect_format, get_format, parse_size
+    from ucp.formats import TrainingState, detect_format, get_format, parse_size
+    from ucp.formats.hf_files import SIDE_FILES, side_files
     from ucp.formats.readahead import read_ahead
+    from ucp.formats.selection import select_tensors
     from ucp.spec import LogicalTensor
 
     src, dst = os.fspath(src), os.fspath(dst)
@@ -112,26 +132,33 @@ def convert(
     fmt_out = get_format(dst_format or guess_format(dst))
     if fmt_out.open_writer is None:
         raise ConversionError(f"format {fmt_out.name!r} can be read but not written here")
-    if (program is not None or layout is not None) and fmt_out.name != "ucp":
+    if (program is not None or layout is not None or params) and fmt_out.name != "ucp":
         raise ConversionError(f"--program/--layout describe how a ucp checkpoint is sharded; they do not apply to "
                               f"--to {fmt_out.name}")
     if os.path.abspath(src.rstrip("/")) == os.path.abspath(dst.rstrip("/")):
         raise ConversionError(f"source and destination are the same path ({src}); write the result elsewhere")
     fmt_in = get_format(src_format) if src_format else detect_format(src)
     writer_options = dict(options or {})
+    bound = None
+    if program is not None:
+        bound = bind_program(program, params, src)
     if fmt_out.name == "ucp" and (program is not None or layout is not None):
-        writer_options.update(program=program, layout=layout)
+        writer_options.update(program=bound, layout=layout)
+    files = side_files(hf_files) if hf_files is not None else side_files(src)
+    if hf_files is not None and not files:
+        raise ConversionError(f"{hf_files} holds none of the Hugging Face side files ({', '.join(SIDE_FILES[:3])}...)")
     started = time.perf_counter()
     with fmt_in.open_reader(src) as reader:
-        infos = list(reader.tensors())
+        infos, left_out = select_tensors(reader.tensors(), only, where=src)
         _check_names(infos, src)
         _check_repeats(infos, src, budget)
-        state = reader.state()
+        state = reader.state() if only is None else TrainingState()
         total = sum(i.nbytes for i in infos)
         writer = fmt_out.open_writer(dst, tensors=[LogicalTensor(i.name, i.shape, i.dtype) for i in infos],
                                      overwrite=overwrite, block_bytes=block, state=state, **writer_options)
         done = 0
         try:
+            copied = _copy_side_files(writer, files, explicit=hf_files is not None, fmt=fmt_out.name)
             parts = hasattr(writer, "add_region")
             for info, box, piece in read_ahead(_pieces(infos, block if parts else None)):
                 if box is None:
@@ -151,7 +178,48 @@ def convert(
         writer.close()
     return ConvertResult(src=src, dst=dst, src_format=fmt_in.name, dst_format=fmt_out.name, tensors=len(infos),
                          bytes=total, largest_tensor=max((i.nbytes for i in infos), default=0),
-                         memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started)
+                         memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started,
+                         only=only, left_out=left_out, files=copied, files_left_out=tuple(sorted(set(files) - set(copied))),
+                         program=None if bound is None else str(bound),
+                         non_model_tensors=sum("/" in i.name for i in infos))
+
+
+def bind_program(program: Any, params: Mapping[str, Any] | None, src: str) -> Any:
+    """The UCL program with ``params``, the rest filled from a ``config.json`` beside ``src``; all must be set.
+
+    Raises :class:`ucl.errors.UnboundNameError` listing every parameter still without a value.
+    """
+    from ucl.bind import load_program
+    from ucl.errors import UnboundNameError
+    from ucp.formats.hf_files import config_beside, config_params
+
+    bound = load_program(program, **dict(params or {}))
+    config = config_beside(src)
+    if config is not None:
+        unset = [n for n in bound.program.params if n not in bound.params]
+        bound = load_program(bound, **config_params(config, unset))
+    missing = bound.unset_params()
+    if missing:
+        where = f"{config} does not give them" if config else f"no config.json beside {src}"
+        raise UnboundNameError(
+            f"{bound.name}: {len(missing)} program parameter(s) without a value: {', '.join(missing)} ({where}); "
+            "give each as params={NAME: VALUE} (--param NAME=VALUE on the command line), or put the model's "
+            "config.json beside the source")
+    return bound
+
+
+def _copy_side_files(writer: Any, files: Mapping[str, str], *, explicit: bool, fmt: str) -> tuple[str, ...]:
+    """Copy the side files into the output when it is a folder that takes them (asked for: it must)."""
+    if not files:
+        return ()
+    if not getattr(writer, "takes_files", False):
+        if explicit:
+            raise ConversionError(f"side files ({', '.join(files)}) go into a folder output; {fmt} output "
+                                  f"{writer.path} has no room for them (write a safetensors folder)")
+        return ()
+    for name, path in files.items():
+        writer.add_file(name, path)
+    return tuple(files)
 
 
 def _pieces(infos: list, block: int | None) -> Iterator[tuple[Any, Any, Any]]:

@@ -3,7 +3,9 @@
 For each mesh dimension, in order, a ``Shard(d)`` placement cuts dim ``d`` the
 way DTensor does (``ceil(n / k)`` per shard, so trailing shards may be short
 or empty), ``Replicate()`` makes the ranks along it replicas, and
-``Partial`` is refused (reduce it first). Works on any mesh::
+``Partial`` is refused (reduce it first). ``_StridedShard`` (what FSDP2's
+``fully_shard`` makes of a parameter that tensor parallelism already sharded)
+takes its box from torch's own chunk metadata. Works on any mesh::
 
     mesh = init_device_mesh("cpu", (2, 2))
     w = distribute_tensor(torch.randn(5, 4), mesh, [Shard(0), Replicate()])
@@ -57,7 +59,16 @@ def dtensor_spec(key: str, dt: Any, *, logical_name: str | None = None) -> tuple
     coords = mesh.get_coordinate()
     if coords is None:
         raise UcpError(f"tensor {key!r}: this rank is not in the DTensor's device mesh")
-    box, replica, replicas = dtensor_box(tuple(dt.shape), dt.placements, tuple(mesh.shape), tuple(coords), key=key)
+    strided = [type(p).__name__ == "_StridedShard" for p in dt.placements]
+    placements = dt.placements
+    if any(strided):  # FSDP2 over tensor parallelism: its shard's box is torch's to compute
+        from torch.distributed.tensor import Shard
+
+        placements = [Shard(p.dim) if s else p for p, s in zip(dt.placements, strided)]
+    box, replica, replicas = dtensor_box(tuple(dt.shape), placements, tuple(mesh.shape), tuple(coords), key=key)
+    if any(strided):
+        (chunk,) = dt.__create_chunk_list__()
+        box = Box(tuple(int(o) for o in chunk.offsets), tuple(int(n) for n in chunk.sizes))
     logical = LogicalTensor(name, tuple(dt.shape), check_supported(dt.dtype, key=key))
     piece = ShardPiece(name, Box((0,) * box.ndim, box.sizes), box)
     return logical, TensorSpec(key, (piece,), replica=replica, replicas=replicas)

@@ -126,3 +126,7 @@ class NotACheckpointError(CheckpointNotFoundError):
 
 class StorageURLError(UcpError, ValueError):
     """A checkpoint path or URL that no storage backend can open (unknown protocol, missing package)."""
+
+
+class PartialLoadWarning(UserWarning):
+    """A load with ``strict=False`` left saved tensors unloaded; the message names them and how to load them."""

@@ -5,10 +5,15 @@ save policy is asked every time (never cached), so an adaptive policy can move
 the interval. After each commit the retention policy prunes old checkpoints on
 rank 0, never the newest committed one and never a save still in progress
 (only committed checkpoints are candidates). :meth:`restore` resumes from the
-newest checkpoint that is complete and readable.
+newest checkpoint that is complete and readable, including committed checkpoints
+saved into the directory under other names (``ucp.save(state, "ckpt/step_100")``),
+ordered by the step their manifest records; one whose step cannot be read is
+refused, never passed over (a job must not silently start over). Retention
+prunes only the manager's own ``step_NNNNNNNN`` checkpoints.
 
 Example::
 
+    state = {"model": model, "optim": opt, "step": 0}   # objects: captured at each save, restored in place
     manager = CheckpointManager("ckpt", save_policy=EveryNSteps(100), retention=KeepLast(3), async_save=True)
     start = (manager.restore(into=state) or 0) + 1
     for step in range(start, steps + 1):
@@ -147,7 +152,11 @@ class CheckpointManager:
         return self._store.display(step_dirname(step))
 
     def steps(self) -> list[int]:
-        """Committed steps (a manifest exists), ascending. Saves in progress are not listed."""
+        """Steps of the committed checkpoints this manager named (``step_NNNNNNNN``), ascending.
+
+        Saves in progress are not listed. Retention prunes only these; :meth:`checkpoints`
+        lists every committed checkpoint in the directory.
+        """
         from ucp.manifest import MANIFEST_NAME
 
         found = []
@@ -157,6 +166,45 @@ class CheckpointManager:
                 found.append(int(match.group(1)))
         return sorted(found)
 
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """``(step, path)`` of every committed checkpoint in the directory, oldest first.
+
+        A checkpoint under another name than ``step_NNNNNNNN`` (one saved with ``ucp.save``)
+        counts at the step its manifest records (the first ``step``, ``global_step`` or
+        ``iteration`` in its state); at equal steps the manager's own comes last (newest), then
+        the most recently created. One whose step cannot be read is refused with a
+        :class:`~ucp.errors.RestoreError`: resuming without it could silently start over.
+        """
+        from ucp.manifest import MANIFEST_NAME
+
+        own = dict.fromkeys(self.steps(), True)
+        found: list[tuple[int, bool, str, str]] = [(step, True, "", step_dirname(step)) for step in own]
+        for name in self._store.listdir():
+            if name.startswith(".") or _STEP_DIR.match(name) or not self._store.exists(name, MANIFEST_NAME):
+                continue
+            found.append(self._foreign(name))
+        return [(step, self._store.display(name)) for step, _, _, name in sorted(found)]
+
+    def _foreign(self, name: str) -> tuple[int, bool, str, str]:
+        """(step, False, created, name) of a committed checkpoint this manager did not name."""
+        from ucp.summary import describe
+
+        where = self._store.display(name)
+        try:
+            summary = describe(where, storage_options=self._storage_options)
+        except (UcpError, OSError) as err:
+            raise RestoreError(
+                f"{where} holds a checkpoint whose manifest cannot be read ({type(err).__name__}: {err}), so its "
+                "step is unknown and it may be the newest; repair it or move it out of the directory"
+            ) from err
+        if summary.step is None:
+            raise RestoreError(
+                f"{where} is a committed checkpoint without a step in its state (no 'step', 'global_step' or "
+                f"'iteration'), so the manager cannot order it; rename it step_NNNNNNNN "
+                "(zero-padded), save a 'step' in its state, or move it out of the directory"
+            )
+        return summary.step, False, summary.created or "", name
+
     def latest(self, *, verify: bool | None = None) -> str | None:
         """The newest checkpoint that is complete and not corrupt, or ``None``.
 
@@ -164,21 +212,26 @@ class CheckpointManager:
         parse; with ``verify`` (default: the manager's) also checks every
         fragment's checksum with :func:`ucp.verify`.
         """
-        step = self.latest_step(verify=verify)
-        return None if step is None else self.path_for(step)
+        found = self.latest_checkpoint(verify=verify)
+        return None if found is None else found[1]
 
     def latest_step(self, *, verify: bool | None = None) -> int | None:
         """Step of :meth:`latest`; rank 0 decides and broadcasts when a process group is in use."""
+        found = self.latest_checkpoint(verify=verify)
+        return None if found is None else found[0]
+
+    def latest_checkpoint(self, *, verify: bool | None = None) -> tuple[int, str] | None:
+        """``(step, path)`` of :meth:`latest`; rank 0 decides and broadcasts when a process group is in use."""
         verify = self.verify if verify is None else verify
-        step = self._find_latest(verify) if self.rank == 0 or not self._distributed() else None
+        found = self._find_latest(verify) if self.rank == 0 or not self._distributed() else None
         if self._distributed():
             import torch.distributed as dist
 
-            box = [step]
+            box = [found]
             dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0)
                                        if self.process_group is not None else 0, group=self.process_group)
-            step = box[0]
-        return step
+            found = box[0]
+        return found
 
     # ----------------------------------------------------------------- saving
     def maybe_save(self, step: int, state: Any) -> str | None:
@@ -230,8 +283,11 @@ class CheckpointManager:
         """Load the newest good checkpoint into ``into`` in place; return its step (``None``: nothing to resume).
 
         Tensors are filled with ``copy_``; non-tensor values in dicts and lists
-        of ``into`` (a step counter, a learning rate) are replaced by the saved ones.
-        ``load_options`` are those of :func:`ucp.load` (``strict``, ``verify``, ``spec``...).
+        of ``into`` (a step counter, a learning rate) are replaced by the saved ones, and
+        objects with ``state_dict()`` (a model, a fresh optimizer) get theirs back as
+        :func:`ucp.load` describes. Every committed checkpoint of the directory is a
+        candidate (:meth:`checkpoints`). ``load_options`` are those of :func:`ucp.load`
+        (``strict``, ``verify``, ``spec``...).
 
         A checkpoint that turns out damaged while it loads (a checksum mismatch, a missing
         or truncated file, a manifest that does not parse) is skipped with a
@@ -256,8 +312,7 @@ class CheckpointManager:
         if self.replicas is not None:  # lost or damaged arrays come back from peers before anything is read
             self.replicas.recover_all(self.directory, lost="warn")  # unrecoverable: the fallback below skips it
         skipped: list[tuple[str, set[str]]] = []  # (path, keys its failed load may have filled)
-        for step in self._broadcast(self.steps() if self.rank == 0 else None):
-            path = self.path_for(step)
+        for step, path in self._broadcast(self._listing() if self.rank == 0 else None):
             filled: set[str] = set()
             try:
                 if self.verify and self.rank == 0 and not _verified(path, self._storage_options):
@@ -276,8 +331,7 @@ class CheckpointManager:
             tainted = self._agree(_tainted(skipped, filled, path))
             if tainted is not None:
                 raise RestoreError(tainted)
-            _merge_in_place(into, loaded)  # tensors were filled in place; the rest (step, lr, ...) too
-            return step
+            return step  # the load filled tensors in place, and the rest (step, lr, ...) too
         if skipped:
             raise RestoreError(
                 f"no checkpoint under {self.directory} could be restored (every one is damaged: "
@@ -317,16 +371,25 @@ class CheckpointManager:
             self._world_size not in (None, 1) or self.process_group is not None
         ) and dist.is_available() and dist.is_initialized()
 
-    def _broadcast(self, steps: list[int] | None) -> list[int]:
-        """Rank 0's committed steps, newest first, on every rank."""
+    def _listing(self) -> list[tuple[int, str]] | str:
+        """:meth:`checkpoints`, or why they cannot be listed (every rank raises it)."""
+        try:
+            return self.checkpoints()
+        except RestoreError as err:
+            return str(err)
+
+    def _broadcast(self, found: list[tuple[int, str]] | str | None) -> list[tuple[int, str]]:
+        """Rank 0's committed checkpoints, newest first, on every rank."""
         if self._distributed():
             import torch.distributed as dist
 
-            box = [steps]
+            box = [found]
             dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0)
                                        if self.process_group is not None else 0, group=self.process_group)
-            steps = box[0]
-        return sorted(steps or [], reverse=True)
+            found = box[0]
+        if isinstance(found, str):
+            raise RestoreError(found)
+        return list(reversed(found or []))
 
     def _agree(self, problem: str | None, *, fatal: bool = False) -> str | None:
         """The first rank's problem (or None) on every rank, so that all ranks take the same branch.
@@ -345,20 +408,18 @@ class CheckpointManager:
             return None if first is None else first.message
         return f"{first.message} (on rank {first.rank})"
 
-    def _find_latest(self, verify: bool) -> int | None:
-        from ucp.manifest import MANIFEST_NAME, Manifest
+    def _find_latest(self, verify: bool) -> tuple[int, str] | None:
+        from ucp.commit import find_manifest, read_manifest
 
-        for step in reversed(self.steps()):
-            path = self.path_for(step)
+        for step, path in reversed(self.checkpoints()):
             try:
-                name = step_dirname(step)
-                Manifest.from_json(self._store.read_bytes(name, MANIFEST_NAME),
-                                   source=self._store.display(name, MANIFEST_NAME))
+                read_manifest(find_manifest(path, storage_options=self._storage_options,
+                                            options=self._save_options.get("store_options")))
                 if verify and not _verified(path, self._storage_options):
                     continue
             except (UcpError, OSError):
                 continue  # damaged or vanished: fall back to the next older checkpoint
-            return step
+            return step, path
         return None
 
     def _finalize(self, *, block: bool) -> None:
@@ -412,28 +473,3 @@ def _verified(path: str, storage_options: dict | None) -> bool:
     import ucp
 
     return ucp.verify(path, storage_options=storage_options).ok
-
-
-def _merge_in_place(into: Any, loaded: Any) -> None:
-    """Copy the non-tensor values of ``loaded`` into the containers of ``into``."""
-    import torch
-
-    if isinstance(into, dict) and isinstance(loaded, dict):
-        for key, value in loaded.items():
-            current = into.get(key)
-            if isinstance(current, (dict, list)) and isinstance(value, type(current)):
-                _merge_in_place(current, value)
-            elif not isinstance(current, torch.Tensor):
-                into[key] = value
-    elif isinstance(into, list) and isinstance(loaded, list):
-        # The saved list may be longer or shorter (a history that grew): it is what was saved.
-        for i, value in enumerate(loaded):
-            current = into[i] if i < len(into) else None
-            if i >= len(into):
-                into.append(value)
-            elif isinstance(current, (dict, list)) and isinstance(value, type(current)):
-                _merge_in_place(current, value)
-            elif not isinstance(current, torch.Tensor):
-                into[i] = value
-        if not any(isinstance(v, torch.Tensor) for v in into[len(loaded):]):
-            del into[len(loaded):]

@@ -2,7 +2,8 @@
 
 A state is what a user hands to ``torch.save``: dicts (any hashable primitive
 keys, e.g. the int parameter ids of an optimizer), lists, tuples, tensors and
-JSON-able scalars. :func:`flatten_state` splits it into
+JSON-able scalars, and objects with ``state_dict()``/``load_state_dict()``
+(:mod:`ucp.stateful`), which stand for their ``state_dict()`` at the time of the call. :func:`flatten_state` splits it into
 
 * ``tensors``: ``{key: tensor}`` where the key is the path of the tensor in the
   state, components joined by ``/`` (``"optimizer/state/0/exp_avg"``), and
@@ -35,6 +36,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ucp.errors import ManifestError, NameConflictError, UnsafeObjectError, UnsafePickleError
+from ucp.stateful import is_stateful
 
 _TAGS = ("$tensor", "$tuple", "$dict", "$float", "$object")
 # Deeper than any real training state; bounds the recursion of both directions (a hostile
@@ -128,6 +130,8 @@ def _flatten(state: Any, *, objects: str, tie_group: Callable[[str], Hashable] |
             return [walk(v, path + (str(i),)) for i, v in enumerate(value)]
         if isinstance(value, tuple) and type(value) in (tuple, torch.Size):
             return {"$tuple": [walk(v, path + (str(i),)) for i, v in enumerate(value)]}
+        if is_stateful(value):  # a module, optimizer, scheduler...: its state now, not a stale copy
+            return walk(value.state_dict(), path)
         if objects == "skip":
             return None
         if objects == "refuse":
@@ -298,29 +302,42 @@ def assemble_state(tree: Any, tensors: dict[str, Any], *, whole: bool, allow_obj
 
 def tensor_refs(tree: Any) -> list[str]:
     """Every tensor key the tree refers to, in order (tied keys repeat)."""
-    out: list[str] = []
+    return list(tensor_places(tree).values())
 
-    def walk(node: Any, depth: int) -> None:
-        if depth > MAX_DEPTH:
+
+def tensor_places(tree: Any) -> dict[str, str]:
+    """``/``-joined position -> tensor key of every reference in the tree, in order.
+
+    >>> tensor_places({"model": {"w": {"$tensor": "w"}}, "n": [{"$tensor": "n0"}]})
+    {'model/w': 'w', 'n/0': 'n0'}
+    """
+    out: dict[str, str] = {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if len(path) > MAX_DEPTH:
             return  # unflatten_state refuses such a tree with its position
         if isinstance(node, list):
-            for v in node:
-                walk(v, depth + 1)
+            for i, v in enumerate(node):
+                walk(v, path + (str(i),))
         elif isinstance(node, dict):
             if len(node) == 1 and "$tensor" in node:
-                out.append(node["$tensor"])
+                if isinstance(node["$tensor"], str):
+                    out["/".join(path)] = node["$tensor"]
             elif len(node) == 1 and "$dict" in node and isinstance(node["$dict"], list):
                 for item in node["$dict"]:
                     if isinstance(item, list) and len(item) == 2:
-                        walk(item[1], depth + 1)
+                        walk(item[1], path + (str(item[0]),))
+            elif len(node) == 1 and "$tuple" in node and isinstance(node["$tuple"], list):
+                for i, v in enumerate(node["$tuple"]):
+                    walk(v, path + (str(i),))
             elif len(node) == 1 and "$object" in node:
                 return
             else:
-                for v in node.values():
-                    walk(v, depth + 1)
+                for k, v in node.items():
+                    walk(v, path + (k,))
 
-    walk(tree, 0)
-    return [k for k in out if isinstance(k, str)]
+    walk(tree, ())
+    return out
 
 
 def top_level_keys(tree: Any) -> set | None:

@@ -11,6 +11,7 @@ Example::
 from reliability.ettr.adaptive import AdaptiveIntervalPolicy, failures_per_node_day_from_report, load_logs_report
 from reliability.ettr.model import (
     ETTRInputError,
+    InfeasibleJobError,
     JobReliability,
     closed_form_optimal_interval_s,
     daly_interval_s,
@@ -24,6 +25,7 @@ from reliability.ettr.tracker import ETTRSummary, ETTRTracker, TrackerStateError
 __all__ = [
     "AdaptiveIntervalPolicy",
     "ETTRInputError",
+    "InfeasibleJobError",
     "ETTRSummary",
     "ETTRTracker",
     "JobReliability",

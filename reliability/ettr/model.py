@@ -33,6 +33,7 @@ from ucp.errors import UcpError
 
 __all__ = [
     "ETTRInputError",
+    "InfeasibleJobError",
     "JobReliability",
     "expected_ettr",
     "young_interval_s",
@@ -47,6 +48,10 @@ SECONDS_PER_DAY = 86400.0
 
 class ETTRInputError(UcpError, ValueError):
     """A reliability parameter is missing, negative or inconsistent."""
+
+
+class InfeasibleJobError(ETTRInputError):
+    """The job loses more time to failures than it has: E[ETTR] is 0 at every checkpoint interval."""
 
 
 def _check_non_negative(name: str, value: float) -> float:

@@ -18,6 +18,7 @@ import os
 
 from reliability.ettr.model import (
     ETTRInputError,
+    InfeasibleJobError,
     JobReliability,
     daly_interval_s,
     expected_ettr,
@@ -80,6 +81,12 @@ def compute_report(job: JobReliability, *, interval_s: float | None = None, simu
     if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
         raise ETTRInputError(f"--interval-min must be > 0, got {interval_s / 60.0!r}")
     optimal = optimal_interval_s(job)
+    if expected_ettr(job, interval_s=optimal) <= 0.0:
+        raise InfeasibleJobError(
+            f"this job cannot make progress: it fails every {job.mttf_s / 60.0:.3g} min on average (job MTTF), and "
+            f"each failure costs {job.downtime_s / 60.0:.3g} min of restart and queue plus the work since the last "
+            "checkpoint, so E[ETTR] is 0 at every checkpoint interval and no interval is optimal; shorten the "
+            "restart (--restart-min, --queue-min), use fewer nodes, or lower the failure rate")
     young, daly = young_interval_s(job), daly_interval_s(job)
     wanted = [optimal] + ([interval_s] if interval_s is not None else [])
     grid = interval_grid_s(job, wanted)

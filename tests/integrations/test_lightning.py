@@ -20,7 +20,7 @@ def test_lightning_run_killed_and_resumed(tmp_path, jobs, same_state, committed)
     assert f"resumed {last}" in out
     # The state Lightning restored from the ucp checkpoint is the state the
     # killed process had when it saved (model, optimizer, scheduler).
-    same_state(load(tmp_path / f"witness_{last}"), load(tmp_path / "resumed"))
+    same_state(load(tmp_path / "witness" / f"witness_{last}"), load(tmp_path / "witness" / "resumed"))
     assert committed(tmp_path)[-1] == 30  # ran on to max_steps and saved the last step
 
     summary = ETTRTracker(tmp_path).summary()

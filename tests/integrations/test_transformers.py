@@ -22,7 +22,7 @@ def test_transformers_run_killed_and_resumed(tmp_path, jobs, same_state, committ
     out = jobs.run("tiny_transformers_job.py", str(tmp_path), "30")
     assert f"resumed {last}" in out
     # Model, optimizer and LR scheduler after the resume equal the killed process's at its last save.
-    same_state(load(tmp_path / f"witness_{last}"), load(tmp_path / "resumed"))
+    same_state(load(tmp_path / "witness" / f"witness_{last}"), load(tmp_path / "witness" / "resumed"))
     assert committed(tmp_path)[-1] == 30
 
     summary = ETTRTracker(tmp_path).summary()

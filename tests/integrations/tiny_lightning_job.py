@@ -2,8 +2,9 @@
 
 usage: python tiny_lightning_job.py DIRECTORY MAX_STEPS [--sleep S]
 Prints "step N" after each step; at each save dumps the live model and
-optimizer state to DIRECTORY/witness_N; after a resume dumps it to
-DIRECTORY/resumed (the test compares the two).
+optimizer state to DIRECTORY/witness/witness_N; after a resume dumps it to
+DIRECTORY/witness/resumed (the test compares the two; not in DIRECTORY itself,
+where the checkpoint manager would count them as checkpoints).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Witness(pl.Callback):
     def _dump(self, trainer, name: str) -> None:
         save({"model": trainer.lightning_module.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
               "scheduler": trainer.lr_scheduler_configs[0].scheduler.state_dict()},
-             f"{self.directory}/{name}", overwrite=True)
+             f"{self.directory}/witness/{name}", overwrite=True)
 
     def on_train_start(self, trainer, pl_module):
         print("resumed", trainer.global_step, flush=True)

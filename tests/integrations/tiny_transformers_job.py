@@ -2,8 +2,9 @@
 
 usage: python tiny_transformers_job.py DIRECTORY MAX_STEPS [--sleep S]
 A 2-layer Llama (hidden 32) built from a config, random tokens. Prints
-"step N" after each step; dumps the live state to DIRECTORY/witness_N at each
-save and, after a resume, to DIRECTORY/resumed.
+"step N" after each step; dumps the live state to DIRECTORY/witness/witness_N at each
+save and, after a resume, to DIRECTORY/witness/resumed (not in DIRECTORY itself, where
+the checkpoint manager would count them as checkpoints).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Witness(TrainerCallback):
 
     def _dump(self, name, model, optimizer, lr_scheduler) -> None:
         save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-              "scheduler": lr_scheduler.state_dict()}, f"{self.directory}/{name}", overwrite=True)
+              "scheduler": lr_scheduler.state_dict()}, f"{self.directory}/witness/{name}", overwrite=True)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         print("resumed", state.global_step, flush=True)

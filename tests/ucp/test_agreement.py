@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
-from tests.ucp.test_distributed import _free_port
 from tests.ucp.test_distributed_failures import _expect
 from ucp.agreement import Agreement, Failure, agree, first_failure
 from ucp.manager import CheckpointManager
@@ -110,7 +110,10 @@ def _restore(rank: int, root: str) -> None:
              3: {"w": torch.zeros(2, 3), "step": 0, "other": torch.zeros(1)}}.get(rank, into)
     def mismatch(key: str) -> str:
         return (f"keys do not match checkpoint {manager.path_for(2)}:\n  not expected by the target (1): {key}\n"
-                "  pass strict=False to load only the keys both have")
+                "  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
+                "({'optim': opt}), not opt.state_dict()\n"
+                "  strict=False loads the keys both have and adds the saved ones the target lacks "
+                "(those under top-level keys it does not have are skipped with a warning)")
     if rank in (1, 3):
         _expect(lambda: manager.restore(into=wrong, spec=spec), ucp.KeyMismatchError,
                 mismatch("extra" if rank == 1 else "other"))
@@ -136,5 +139,5 @@ def _worker(rank: int, port: int, root: str) -> None:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_rank_learns_the_first_failure(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     assert sorted(p.name for p in (tmp_path / "mgr").iterdir()) == ["step_00000001", "step_00000002"]

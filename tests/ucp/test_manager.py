@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
+from integrations.launch import free_port
 import ucp
 from ucp.errors import AsyncSaveError
 from ucp.manager import CheckpointManager, SaveRecord, step_dirname
@@ -157,6 +157,37 @@ def test_restore_loads_the_latest_in_place(tmp_path: Path) -> None:
     assert w_ptr == state["model"]["w"].data_ptr()
 
 
+def test_restore_finds_committed_checkpoints_under_any_name_by_their_step(tmp_path: Path) -> None:
+    """A job restarted on a directory the README's ucp.save filled must not start over from step 0."""
+    ucp.save({"w": torch.full((2,), 100.0), "step": 100}, tmp_path / "step_100")
+    ucp.save({"w": torch.full((2,), 50.0), "train": {"global_step": 50}}, tmp_path / "mid")
+    manager = CheckpointManager(tmp_path, retention=KeepLast(1))
+    manager.save(60, {"w": torch.full((2,), 60.0), "step": 60})
+    assert manager.checkpoints() == [(50, str(tmp_path / "mid")), (60, str(tmp_path / step_dirname(60))),
+                                     (100, str(tmp_path / "step_100"))]
+    assert manager.latest() == str(tmp_path / "step_100") and manager.latest_step() == 100
+    into = {"w": torch.zeros(2), "step": 0}
+    assert manager.restore(into=into) == 100 and into["step"] == 100 and torch.equal(into["w"], torch.full((2,), 100.0))
+    manager.save(101, into)
+    assert dirs(manager) == ["mid", step_dirname(101), "step_100"]  # retention prunes only its own names
+
+
+def test_a_committed_checkpoint_whose_step_is_unknown_is_refused_not_ignored(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(3, {"w": torch.ones(2)})
+    ucp.save({"w": torch.ones(2)}, tmp_path / "final")
+    with pytest.raises(ucp.RestoreError) as err:
+        manager.restore(into={"w": torch.zeros(2)})
+    assert str(err.value) == (
+        f"{tmp_path / 'final'} is a committed checkpoint without a step in its state (no 'step', 'global_step' or "
+        "'iteration'), so the manager cannot order it; rename it step_NNNNNNNN (zero-padded), save a 'step' in its "
+        "state, or move it out of the directory"
+    )
+    (tmp_path / "final" / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ucp.RestoreError, match=r"^.*final holds a checkpoint whose manifest cannot be read \(ManifestError"):
+        manager.latest()
+
+
 def test_async_manager_records_both_costs_and_prunes_after_commit(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, save_policy=EveryNSteps(2), retention=KeepLast(1), async_save=True)
     state = make_state(0)
@@ -265,9 +296,7 @@ finally:
 
 @pytest.mark.slow
 def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     repo = Path(__file__).resolve().parents[2]
     procs = [
         subprocess.Popen([sys.executable, "-c", _WORKER, str(rank), str(port), str(tmp_path / "run")], cwd=repo,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -278,6 +279,7 @@ class SafetensorsWriter:
                     f"(it stores {', '.join(sorted(_TO_SAFETENSORS))}); convert to another format")
         self.path = os.fspath(path)
         self._single = self.path.endswith(".safetensors")
+        self.takes_files = not self._single  # a folder: config.json and tokenizer files go beside the shards
         self._state = state
         self._planned = {t.name: t for t in tensors}
         shards = _plan_shards(tensors, 1 << 62 if self._single else parse_size(shard_size))
@@ -338,6 +340,14 @@ class SafetensorsWriter:
         index, offset, _ = self._where[name]
         start = flat_offset(t.shape, region.offsets) * _itemsize(t.dtype) if t.shape else 0
         self._left[name] -= write_at(self._file(index), offset + start, tensor)
+
+    def add_file(self, name: str, source: str) -> None:
+        """Copy ``source`` into the folder as ``name`` (config.json, tokenizer files), committed with the shards."""
+        if self._single:
+            raise ValueError(f"{self.path} is one .safetensors file; {name} needs a folder destination")
+        if name in self._names or name == INDEX_NAME or os.path.basename(name) != name:
+            raise ValueError(f"{name!r} is not a side file this writer can add (it names one of the weight files)")
+        shutil.copyfile(source, self._out.join(name))
 
     def set_state(self, state: TrainingState) -> None:
         if self._single and self._state is not None and state.to_dict() != self._state.to_dict():
