@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import signal
 import socket
 import time
@@ -33,7 +34,7 @@ import torch.multiprocessing as mp
 from ucp.errors import UcpError
 
 __all__ = ["WorkerContext", "Group", "launch", "run", "WorkerFailed", "PRELOAD", "WITH_DEEPSPEED",
-           "start_fork_server"]
+           "start_fork_server", "free_port"]
 
 # Imported once by the fork server, inherited by every worker (ucp's engine and DCP alike, so a
 # benchmark restarting ranks charges neither with imports the other was spared).
@@ -59,10 +60,42 @@ class WorkerContext:
         self.events.put({"kind": kind, "rank": self.rank, **data})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous bound a moment later.
+
+    Binding port 0 and closing hands back an *ephemeral* port, which the kernel may give to the
+    next outgoing connection (gloo opens many) before the rendezvous binds it; under a parallel
+    test run that race happens. This picks a random port below the kernel's ephemeral range
+    instead, which outgoing connections never get; the bind test skips ports in use. Only another
+    caller drawing the same port in the same instant can still collide (about 1 in 10^4):
+    :func:`launch` avoids even that by binding its store to port 0 itself.
+
+    >>> 1024 < free_port() < 65536
+    True
+    """
+    low, high = _ephemeral_range()
+    first, last = (10000, low - 1) if low > 12000 else (high + 1, 65535)
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randint(first, last)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # everything drawn was busy: fall back to the kernel's choice
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low, high = (int(v) for v in fh.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default; macOS uses 49152-65535, above it as well
 
 
 def _die_with_parent() -> None:
@@ -86,7 +119,10 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, events, fn, args
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     ctx = WorkerContext(rank, world, events)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        # The store is the launcher's (see launch): no rank hosts the rendezvous, so none can take it
+        # down while the others still talk to it, and its port was bound, never guessed.
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
         result = fn(ctx, *args)
         ctx.emit("done", result=result if rank == 0 else None)
@@ -101,9 +137,10 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, events, fn, args
 class Group:
     """A started group of worker processes (see :func:`launch`)."""
 
-    def __init__(self, procs: list, events) -> None:
+    def __init__(self, procs: list, events, store: Any = None) -> None:
         self.procs = procs
         self.events = events
+        self.store = store  # the rendezvous the ranks joined; it lives as long as the group is watched
         self.result: Any = None
         self.errors: dict[int, str] = {}
         self.done: set[int] = set()
@@ -210,14 +247,19 @@ def launch(fn: Callable, *, world: int, args: tuple = (), collective_timeout_s: 
     ``fn`` must be importable (a module-level function). ``collective_timeout_s``
     bounds every collective: it is how surviving ranks notice a dead peer.
     """
+    import torch.distributed as dist
+
     ctx = start_fork_server(preload)
     events = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, collective_timeout_s, events, fn, args), daemon=True)
-             for r in range(world)]
+    # The launcher hosts the rendezvous on a port the kernel picks as it binds (no free-port race),
+    # and outlives every rank (no rank exits while its peers still use the store).
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=collective_timeout_s))
+    procs = [ctx.Process(target=_worker, args=(r, world, store.port, collective_timeout_s, events, fn, args),
+                         daemon=True) for r in range(world)]
     for proc in procs:
         proc.start()
-    return Group(procs, events)
+    return Group(procs, events, store)
 
 
 def run(fn: Callable, *, world: int, args: tuple = (), timeout: float = 600.0,

@@ -151,6 +151,7 @@ def convert(
     with fmt_in.open_reader(src) as reader:
         infos, left_out = select_tensors(reader.tensors(), only, where=src)
         _check_names(infos, src)
+        _check_repeats(infos, src, budget)
         state = reader.state() if only is None else TrainingState()
         total = sum(i.nbytes for i in infos)
         writer = fmt_out.open_writer(dst, tensors=[LogicalTensor(i.name, i.shape, i.dtype) for i in infos],
@@ -253,6 +254,18 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def _check_repeats(infos: list, src: str, budget: int) -> None:
+    """Refuse a view that repeats its storage (``expand()``) into more bytes than the memory budget: every
+    format written here stores each element, so a few stored bytes could become terabytes on disk."""
+    for info in infos:
+        if info.stored is not None and info.stored.nbytes < info.nbytes > budget:
+            raise ConversionError(
+                f"{src}: tensor {info.name!r} is a view of {info.stored.nbytes} stored bytes presented as "
+                f"{info.dtype}{list(info.shape)} ({info.nbytes} bytes, as expand() saves it); converting writes "
+                f"every element: pass --memory-budget {info.nbytes} (or more) to allow it, or save it contiguous "
+                "at the source")
 
 
 def _check_names(infos: list, src: str) -> None:

@@ -41,7 +41,7 @@ import pickle
 import types
 from typing import Any, BinaryIO, Iterable
 
-from ucp.errors import FormatError, UnsafePickleError
+from ucp.errors import FormatError, UcpError, UnsafePickleError
 
 __all__ = ["InertObject", "RestrictedUnpickler", "loads", "load", "torch_load", "pickle_module", "SAFE_GLOBALS"]
 
@@ -145,6 +145,80 @@ def _stand_in(module: str, name: str) -> type:
     return cls
 
 
+# What one pickle may make its allowed callables allocate, all calls together: this many bytes per byte
+# of the file it came from, plus a floor. Plain data never needs more (a list of n items costs ~8n
+# bytes, and the n items are in the file); ``bytearray(3_000_000_000)`` in a 400-byte file does.
+ALLOC_PER_BYTE = 16
+ALLOC_FLOOR = 1 << 20
+# How a call to each allocating global is charged (see _Bounded): by its integer arguments
+# (a size), by the length of its first argument (a container built from it), or by both.
+_BY_SIZE = frozenset({"builtins.bytearray", "builtins.bytes", "torch.storage.UntypedStorage",
+                      "torch.storage.TypedStorage", "torch.Tensor", "numpy.ndarray",
+                      "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"})
+_BY_LENGTH = frozenset({"builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset", "builtins.dict",
+                        "builtins.str", "builtins.bytearray", "builtins.bytes", "collections.OrderedDict",
+                        "collections.defaultdict", "collections.Counter", "collections.deque", "torch.Size",
+                        "_codecs.encode"})
+
+
+class _Bounded:
+    """An allowed global that allocates, charged against the unpickler's budget before it runs."""
+
+    def __init__(self, fn: Any, full: str, unpickler: "RestrictedUnpickler") -> None:
+        self.fn, self.full, self.unpickler = fn, full, unpickler
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A bounded class passed as an argument (ndarray to _reconstruct) must be the class itself.
+        args = tuple(a.fn if isinstance(a, _Bounded) else a for a in args)
+        self.unpickler._charge(self.full, _cost(self.full, args))
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # cls.__new__ (NEWOBJ), __reduce__ targets...
+        return getattr(self.fn, name)
+
+
+def _cost(full: str, args: tuple) -> int:
+    """Bytes a call may allocate, from its arguments (an overestimate is fine; the budget is generous)."""
+    cost = 0
+    if full in _BY_SIZE:
+        for arg in args:
+            if isinstance(arg, int) and not isinstance(arg, bool):
+                cost += 8 * max(arg, 0)
+            elif isinstance(arg, (tuple, list)) and all(isinstance(a, int) for a in arg):
+                n = 1
+                for a in arg:
+                    n *= max(a, 0)
+                cost += 8 * n
+    if full in _BY_LENGTH and args:
+        try:
+            cost += 8 * len(args[0])
+        except TypeError:
+            pass  # not sized (an int, an iterator over the file's own data)
+        except OverflowError:
+            return 1 << 80  # range(10**30)
+    if full == "copyreg._reconstructor" and len(args) == 3:  # base.__new__(cls, state): base decides
+        base = args[1]
+        name = f"{getattr(base, '__module__', '')}.{getattr(base, '__qualname__', '')}"
+        cost += _cost(name, (args[2],)) if name in _BY_SIZE | _BY_LENGTH else 0
+    if full.startswith("torch.") and full.endswith("Storage"):  # legacy typed storages: Storage(n)
+        cost += sum(8 * max(a, 0) for a in args if isinstance(a, int) and not isinstance(a, bool))
+    return cost
+
+
+def _fraction(*args: Any) -> Any:
+    """``fractions.Fraction`` without exponents: ``Fraction("1e999999999")`` computes a 10^9-digit integer."""
+    import decimal
+    import fractions
+
+    for arg in args:
+        if isinstance(arg, str) and ("e" in arg.lower() or len(arg) > 4300):
+            raise FormatError(f"the pickle builds Fraction({arg[:40]!r}), which pickled fractions never are")
+        if isinstance(arg, (float, decimal.Decimal)):
+            raise FormatError("the pickle builds a Fraction from a float or Decimal, which pickled fractions "
+                              "never do")
+    return fractions.Fraction(*args)
+
+
 def _plain_tensor(func: Any, new_type: Any, args: tuple, state: Any) -> Any:
     """``torch._tensor._rebuild_from_type_v2``: a tensor subclass comes back as the plain tensor."""
     return func(*args)
@@ -170,14 +244,35 @@ class RestrictedUnpickler(pickle.Unpickler):
     themselves; ``unknown``: ``"refuse"`` or ``"stand-in"`` for globals neither allowed nor denied.
     """
 
-    def __init__(self, file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse", **kwargs: Any) -> None:
+    def __init__(self, file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse", source: str = "",
+                 budget: int | None = None, **kwargs: Any) -> None:
         super().__init__(file, **kwargs)
         if unknown not in ("refuse", "stand-in"):
             raise ValueError(f"unknown must be 'refuse' or 'stand-in', got {unknown!r}")
         self._allowed = {_global_name(item) for item in allow}
         self._unknown = unknown
+        self._source = source or getattr(file, "name", None) or "the pickle"
+        self._budget = budget if budget is not None else ALLOC_FLOOR + ALLOC_PER_BYTE * _size_of(file)
+        self._spent = 0
         # An attribute, not a method: torch.load installs its own storage loader the same way.
         self.persistent_load = _refuse_persistent
+
+    def _charge(self, full: str, cost: int) -> None:
+        self._spent += cost
+        if self._spent > self._budget:
+            raise FormatError(f"{self._source}: the pickle asks {full} for about {cost} bytes, more than a file "
+                              f"of its size can describe (budget {self._budget} bytes); refused before allocating "
+                              "(damaged or hostile file)")
+
+    def load(self) -> Any:
+        """Unpickle; anything but a refusal of ours is a :class:`~ucp.errors.FormatError` naming the source."""
+        try:
+            return super().load()
+        except (UcpError, KeyboardInterrupt):
+            raise
+        except (Exception, RecursionError, MemoryError) as err:  # noqa: BLE001 - a hostile file can raise anything
+            raise FormatError(f"{self._source} is not a readable torch.save/pickle file ({type(err).__name__}: "
+                              f"{str(err)[:200]})") from None
 
     def find_class(self, module: str, name: str) -> Any:
         # Python 2 names (protocol < 3 pickles, torch.save's default) mean their Python 3 ones.
@@ -190,13 +285,20 @@ class RestrictedUnpickler(pickle.Unpickler):
             return _plain_tensor
         if full == "torch.storage._load_from_bytes":
             return _storage_from_bytes
+        if full == "fractions.Fraction":
+            return _fraction
         if full in SAFE_GLOBALS or (module == "torch" and (name in _TORCH_DTYPES or name.endswith("Storage"))):
             try:
-                return _resolve(module, name)
+                value = _resolve(module, name)
             except (ImportError, AttributeError):
-                if module.startswith("numpy"):  # numpy 1 vs 2 module names
-                    return _resolve(module.replace("numpy._core", "numpy.core").replace("numpy.core", "numpy._core"), name)
-                raise
+                if not module.startswith("numpy"):
+                    raise
+                # numpy 1 vs 2 module names
+                value = _resolve(module.replace("numpy._core", "numpy.core").replace("numpy.core", "numpy._core"), name)
+            if full in _BY_SIZE or full in _BY_LENGTH or full == "copyreg._reconstructor" or (
+                    module == "torch" and name.endswith("Storage")):
+                return _Bounded(value, full, self)
+            return value
         root = module.partition(".")[0]
         if root in _DENIED_MODULES or name.rpartition(".")[2] in _DENIED_NAMES or name.startswith("__"):
             raise UnsafePickleError(
@@ -209,6 +311,25 @@ class RestrictedUnpickler(pickle.Unpickler):
             f"file, allow it explicitly (allow_objects=[{full!r}])"
         )
 
+
+
+def _size_of(file: Any) -> int:
+    """Bytes in the file being unpickled (a BytesIO, an open file, anything seekable), 0 if unknown."""
+    try:
+        return file.getbuffer().nbytes
+    except (AttributeError, ValueError, TypeError):
+        pass
+    try:
+        return os.fstat(file.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:
+        here = file.tell()
+        end = file.seek(0, io.SEEK_END)
+        file.seek(here)
+        return end
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _refuse_persistent(pid: Any) -> Any:
@@ -237,13 +358,13 @@ def load(file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse") 
     return RestrictedUnpickler(file, allow=allow, unknown=unknown).load()
 
 
-def pickle_module(*, allow: Iterable[Any] = (), unknown: str = "stand-in") -> types.SimpleNamespace:
-    """A ``pickle_module`` for ``torch.load`` whose unpickler is restricted."""
+def pickle_module(*, allow: Iterable[Any] = (), unknown: str = "stand-in", source: str = "") -> types.SimpleNamespace:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler is restricted (``source`` names the file in errors)."""
     allow = tuple(allow)
 
     class _Unpickler(RestrictedUnpickler):
         def __init__(self, file: BinaryIO, **kwargs: Any) -> None:
-            super().__init__(file, allow=allow, unknown=unknown, **kwargs)
+            super().__init__(file, allow=allow, unknown=unknown, source=source, **kwargs)
 
     return types.SimpleNamespace(
         Unpickler=_Unpickler,
@@ -268,14 +389,16 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (
     """
     import torch
 
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
     options: dict[str, Any] = {"map_location": map_location, "weights_only": False,
-                               "pickle_module": pickle_module(allow=allow, unknown=unknown)}
+                               "pickle_module": pickle_module(allow=allow, unknown=unknown, source=where)}
     if mmap:
         options["mmap"] = True
     try:
         return torch.load(source, **options)
-    except UnsafePickleError:
+    except UcpError:
         raise
-    except (pickle.UnpicklingError, EOFError) as err:
-        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the file"
-        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: {err})") from None
+    except Exception as err:  # noqa: BLE001 - torch.load on damaged or hostile bytes raises anything
+        where = where or "the file"
+        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None

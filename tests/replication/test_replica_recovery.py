@@ -35,13 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
 import ucp.write_units
 from replication.errors import ReplicaLostError, ReplicaWarning
 from replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
 from replication.replica_tiers import DiskTier, MemoryTier
 from replication.replicas import ReplicaManager
-from tests.ucp.test_distributed import _free_port
 from ucp.geometry import Box
 from ucp.manager import CheckpointManager
 from ucp.sharding import split_fragment_map
@@ -209,7 +209,7 @@ def _join(procs, deadline: float) -> None:
 @pytest.mark.slow
 def test_sigkilled_ranks_corrupt_replicas_and_a_lost_store_recover_from_peers(tmp_path):
     root = str(tmp_path)
-    port, port2 = _free_port(), _free_port()
+    port, port2 = free_port(), free_port()
     first = mp.start_processes(_survivor, args=(port, port2, root), nprocs=WORLD, join=False, start_method="spawn")
     deadline = time.monotonic() + 150
     while not all(Path(root, f"ready-{r}").exists() for r in range(WORLD)):
@@ -279,7 +279,7 @@ def _disk_worker(rank: int, port: int, root: str, phase: str) -> None:
 def test_disk_tiers_outlive_every_process_and_rebuild_a_lost_store(tmp_path):
     root = str(tmp_path)
     for phase in ("save", "restore"):
-        ctx = mp.start_processes(_disk_worker, args=(_free_port(), root, phase), nprocs=WORLD, join=False,
+        ctx = mp.start_processes(_disk_worker, args=(free_port(), root, phase), nprocs=WORLD, join=False,
                                  start_method="spawn")
         _join(ctx.processes, time.monotonic() + 120)
         if phase == "save":

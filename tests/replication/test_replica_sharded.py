@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
 from replication.replica_tiers import MemoryTier
 from replication.replicas import ReplicaManager
 from tests.replication.test_replica_recovery import WORLD, _spec, _state
-from tests.ucp.test_distributed import _free_port
 from ucp.stores import StoreOptions
 
 
@@ -49,5 +49,5 @@ def _worker(rank: int, port: int, root: str) -> None:
 
 @pytest.mark.slow
 def test_replicas_of_a_format_2_checkpoint_recover_lost_arrays(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     assert ucp.verify(tmp_path / "ckpt").ok

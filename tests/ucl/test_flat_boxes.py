@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from integrations.launch import free_port
 import ucp
 from ucl.flat import compose, contiguous_boxes, is_contiguous, range_pieces
 from ucp.errors import LayoutError
@@ -196,12 +196,6 @@ def test_explicit_flat_to_box_maps_save_and_load_bitwise(tmp_path):
                 assert torch.equal(buf[p.local.start : p.local.stop], want)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dtensor_worker(rank: int, port: int, path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -222,7 +216,7 @@ def _dtensor_worker(rank: int, port: int, path: str) -> None:
 @pytest.mark.slow
 def test_dtensors_load_what_flat_to_box_pieces_saved(tmp_path):
     test_explicit_flat_to_box_maps_save_and_load_bitwise(tmp_path)
-    mp.spawn(_dtensor_worker, args=(_free_port(), str(tmp_path / "c")), nprocs=2, join=True)
+    mp.spawn(_dtensor_worker, args=(free_port(), str(tmp_path / "c")), nprocs=2, join=True)
 
 
 def _as_runs(fmap: FragmentMap) -> FragmentMap:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucl
 from ucl.simulate import place, scatter
 from ucp.layout import Layout
@@ -61,9 +61,7 @@ def _worker(rank: int, port: int, path: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_save_with_a_process_group_and_reload_under_another_layout(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.start_processes(_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 180

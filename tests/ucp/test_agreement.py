@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
-from tests.ucp.test_distributed import _free_port
 from tests.ucp.test_distributed_failures import _expect
 from ucp.agreement import Agreement, Failure, agree, first_failure
 from ucp.manager import CheckpointManager
@@ -139,5 +139,5 @@ def _worker(rank: int, port: int, root: str) -> None:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_rank_learns_the_first_failure(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     assert sorted(p.name for p in (tmp_path / "mgr").iterdir()) == ["step_00000001", "step_00000002"]

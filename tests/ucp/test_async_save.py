@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
 
+from integrations.launch import free_port
 import ucp
 import ucp.async_saver
 import ucp.state
@@ -446,15 +446,9 @@ finally:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_distributed_async_save_on_a_dedicated_group(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     path = str(tmp_path / "dist")
     repo = Path(__file__).resolve().parents[2]
     procs = [

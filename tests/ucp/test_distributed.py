@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from datetime import timedelta
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
 from ucp.geometry import Box
 from ucp.sharding import local_shapes, split_fragment_map
@@ -22,12 +22,6 @@ from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 
 WORLD = 4
 BIG = 4 * 1024 * 1024  # float32 elements: 16 MiB, four parts of at least SPREAD_MIN_BYTES, so the 4 replicas split it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full() -> dict[str, torch.Tensor]:
@@ -148,7 +142,7 @@ def _dtensors(rank: int, root: str) -> None:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_four_process_save_and_reshard(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     big = manifest["tensors"]["big"]["fragments"]
     assert sorted(f["rank"] for f in big) == [0, 1, 2, 3]  # spread over the replicas

@@ -7,7 +7,6 @@ group's timeout is short, so a hang shows up as a timeout error, and the join ha
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -16,18 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
 from ucp.geometry import Box
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.writer import CheckpointWriter
 
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _expect(fn, cls, text):
@@ -142,7 +136,7 @@ def _worker(rank: int, port: int, root: str) -> None:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_one_bad_rank_fails_every_rank_fast(tmp_path):
-    context = mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False)
+    context = mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=False)
     deadline = time.monotonic() + 240
     try:
         while not context.join(timeout=5):

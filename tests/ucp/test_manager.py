@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
+from integrations.launch import free_port
 import ucp
 from ucp.errors import AsyncSaveError
 from ucp.manager import CheckpointManager, SaveRecord, step_dirname
@@ -296,9 +296,7 @@ finally:
 
 @pytest.mark.slow
 def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     repo = Path(__file__).resolve().parents[2]
     procs = [
         subprocess.Popen([sys.executable, "-c", _WORKER, str(rank), str(port), str(tmp_path / "run")], cwd=repo,

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from integrations.launch import free_port
 import ucp
 from ucp.commit import find_manifest, read_manifest
 from ucp.coverage_weight import PRIME, CoverageWeights
@@ -37,12 +37,6 @@ SHARDED = StoreOptions(metadata_shard_min_ranks=1)
 W = torch.arange(50 * 4, dtype=torch.float32).reshape(50, 4)  # row-split over the 5 ranks
 STAGE_A = torch.arange(12.0)  # held by ranks 0-2 only (like one pipeline stage), split 3 ways
 STAGE_B = torch.arange(8.0) * -1  # held by ranks 3-4 only, split 2 ways
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _piece(name: str, shape: tuple, box: Box, *, replica: int = 0, replicas: int = 1) -> TensorSpec:
@@ -128,7 +122,7 @@ needs_processes = pytest.mark.slow
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
-    mp.spawn(_worker, args=(_free_port(), str(root)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(root)), nprocs=WORLD, join=True)
     return root
 
 

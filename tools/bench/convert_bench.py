@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from integrations.launch import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN, FFN, VOCAB = 2048, 5632, 32000
 TARGET_SPEEDUP, TARGET_RSS = 3.0, 0.5
@@ -105,14 +107,11 @@ def _dcp_rank(rank: int, world: int, port: int, out: str, size_gib: float) -> No
 
 
 def _make_dcp(work: Path, size_gib: float, world: int) -> Path:
-    import socket
-
+    
     import torch.multiprocessing as mp
 
     out = work / "source-dcp"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_dcp_rank, args=(world, port, str(out), size_gib), nprocs=world, join=True)
     return out
 

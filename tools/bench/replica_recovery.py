@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -39,11 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from integrations.launch import free_port
 
 
 def _drop_cache(root: str) -> None:
@@ -155,7 +150,7 @@ def run(*, world: int = 4, mib: int = 64, lost: tuple[int, ...] = (1,), replicas
     out = os.path.join(work, "result.json")
     try:
         args = {"mib": mib, "lost": list(lost), "replicas": replicas, "repeats": repeats, "local_root": local_root}
-        mp.start_processes(_worker, args=(world, _free_port(), args, stores, out), nprocs=world,
+        mp.start_processes(_worker, args=(world, free_port(), args, stores, out), nprocs=world,
                            start_method="spawn")
         with open(out) as fh:
             result = json.load(fh)

@@ -168,12 +168,10 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
 
 
 def free_port() -> int:
-    """A TCP port free on localhost now (for a process group's rendezvous)."""
-    import socket
+    """A TCP port free on localhost now (for a process group's rendezvous): see integrations.launch.free_port."""
+    from integrations.launch import free_port as launcher_free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return launcher_free_port()
 
 
 def _dir_bytes(path: str) -> int:

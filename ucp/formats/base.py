@@ -48,7 +48,7 @@ from ucp.errors import FormatError, UcpError
 from ucp.geometry import Box, FlatRange, Region, region_pieces
 
 __all__ = [
-    "TensorInfo", "TrainingState", "FormatReader", "FormatWriter", "Format", "register_format", "get_format",
+    "TensorInfo", "StoredBytes", "TrainingState", "FormatReader", "FormatWriter", "Format", "register_format", "get_format",
     "formats", "detect_format", "UnknownFormatError", "blocks", "region_reader", "slice_region", "parse_size", "expect_block",
 ]
 
@@ -73,6 +73,9 @@ class TensorInfo:
     dtype: str  # torch dtype name without "torch.", e.g. "bfloat16"
     shape: tuple[int, ...]
     reader: Callable[[Region | None], torch.Tensor] = field(repr=False, compare=False)
+    # The bytes the file stores for it, where a reader knows them: fewer than ``nbytes`` for a view
+    # that repeats its storage (expand()), which verify then checks instead of every repetition.
+    stored: "StoredBytes | None" = field(default=None, repr=False, compare=False)
 
     def read(self, region: Region | None = None) -> torch.Tensor:
         """The whole tensor, or ``region`` of it (box-shaped for a Box, 1-d for a FlatRange)."""
@@ -88,6 +91,14 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.numel * getattr(torch, self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class StoredBytes:
+    """The storage a tensor's elements come from: its size, and a reader of it (1-d, the tensor's dtype)."""
+
+    nbytes: int
+    read: Callable[[], torch.Tensor] = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ tensor([1., 1.])
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import threading
@@ -42,11 +43,12 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ucp.dtypes import allocate, dtype_name
-from ucp.errors import FormatError, UnsafePickleError
+from ucp.errors import FormatError, UcpError, UnsafePickleError
 from ucp.formats.base import Format, TensorInfo, TrainingState, expect_block, region_reader, register_format
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import read_box
 from ucp.formats.staging import StagedOutput
+from ucp.formats.tensor_geometry import check_geometry, check_span
 from ucp.geometry import Box, coverage_gaps
 from ucp.spec import LogicalTensor
 
@@ -135,9 +137,9 @@ class DcpReader:
         unknown = [k for k in entries if k not in tensors and k not in byte_keys]
         if unknown:
             raise FormatError(f"{self.path}: entries {unknown[:5]} are neither tensors nor bytes in the metadata")
+        paths = _planner_paths(os.path.join(self.path, METADATA_NAME), self._metadata.planner_data, entries)
         values = self._read_bytes(byte_keys)
-        planner_data = self._metadata.planner_data if isinstance(self._metadata.planner_data, dict) else {}
-        tree = _nest({planner_data.get(k, (k,)): _DcpTensor(k) if k in tensors else values[k] for k in entries})
+        tree = _nest({paths[k]: _DcpTensor(k) if k in tensors else values[k] for k in entries})
         self._names, self._state = split_tree(tree, lambda v: isinstance(v, _DcpTensor))
         self._tensors = tensors
         self._dtypes = {fqn: dtype_name(md.properties.dtype) for fqn, md in tensors.items()}
@@ -147,10 +149,16 @@ class DcpReader:
         self._lock = threading.Lock()
 
     def _check_tensor(self, fqn: str, md: Any) -> None:
-        shape = tuple(md.size)
+        what = f"{os.path.join(self.path, METADATA_NAME)}: tensor {fqn!r}"
+        properties = getattr(md, "properties", None)
+        checked = check_geometry(what, dtype=getattr(properties, "dtype", None), shape=md.size, available=math.inf)
+        shape, dtype = checked.shape, checked.dtype
         boxes = []
+        if not isinstance(md.chunks, (list, tuple)):
+            raise FormatError(f"{what} has chunks {md.chunks!r}, not a list (damaged or hostile file)")
         for chunk in md.chunks:
-            box = Box(tuple(chunk.offsets), tuple(chunk.sizes))
+            box = Box(*(check_geometry(f"{what}, a chunk", dtype="uint8", shape=value, available=math.inf).shape
+                        for value in (getattr(chunk, "offsets", None), getattr(chunk, "sizes", None))))
             if len(box.sizes) != len(shape) or not Box.full(shape).contains(box):
                 raise FormatError(f"{self.path}: chunk {box} of {fqn!r} does not fit its shape {list(shape)}")
             if box.numel:
@@ -158,11 +166,16 @@ class DcpReader:
                 if info is None:
                     raise FormatError(f"{self.path}: chunk {box} of {fqn!r} has no storage entry in the metadata")
                 self._check_file(fqn, info)
+                if box.numel * getattr(torch, dtype).itemsize > info.length:  # a saved chunk holds its bytes
+                    raise FormatError(f"{what}: chunk {box} is {box.numel} elements, but its storage entry holds "
+                                      f"{info.length} bytes (damaged or hostile metadata)")
                 boxes.append(box)
         if shape and coverage_gaps(boxes, shape) != (0, []) or not shape and len(boxes) < 1:
             raise FormatError(f"{self.path}: the chunks of {fqn!r} do not cover its shape {list(shape)} exactly once")
 
     def _check_file(self, fqn: str, info: Any) -> None:
+        if not isinstance(getattr(info, "relative_path", None), str):
+            raise FormatError(f"{self.path}: the storage entry of {fqn!r} names no file (damaged or hostile metadata)")
         file = os.path.join(self.path, info.relative_path)
         if os.path.isabs(info.relative_path) or ".." in info.relative_path.replace("\\", "/").split("/"):
             raise FormatError(f"{self.path}: {fqn!r} points outside the folder ({info.relative_path!r})")
@@ -170,9 +183,8 @@ class DcpReader:
             size = os.path.getsize(file)
         except OSError:
             raise FormatError(f"{self.path}: data file {info.relative_path!r} of {fqn!r} is missing") from None
-        if info.offset + info.length > size:
-            raise FormatError(f"{self.path}: {fqn!r} needs bytes {info.offset}..{info.offset + info.length} of "
-                              f"{info.relative_path!r}, which holds {size} (truncated)")
+        check_span(f"{self.path}: {fqn!r}", offset=info.offset, length=info.length, available=size,
+                   container=repr(info.relative_path))
 
     def _read_bytes(self, keys: list[str]) -> dict[str, Any]:
         from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -194,9 +206,9 @@ class DcpReader:
     def _run(self, plan: Any, sink: _Sink, what: str) -> None:
         try:
             self._storage.read_data(plan, sink).wait()
-        except (UnsafePickleError, FormatError):
+        except UcpError:
             raise
-        except (RuntimeError, EOFError, ValueError, OSError, AssertionError) as err:
+        except Exception as err:  # noqa: BLE001 - DCP's reader on damaged or hostile bytes can raise anything
             raise FormatError(f"{self.path}: reading {what} failed ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}); the data files are damaged") from None
 
@@ -289,6 +301,34 @@ def _index(fqn: str, offsets: tuple[int, ...]) -> Any:
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
     return MetadataIndex(fqn, torch.Size(offsets))
+
+
+def _planner_paths(file: str, planner_data: Any, entries: dict) -> dict[str, tuple]:
+    """Each entry's path in the nested state, from DCP's ``planner_data`` (an entry it lacks is its own key).
+
+    Refused, naming the entries: a path that is not a non-empty list of names and indices, two entries
+    with the same path (one would be dropped), and a path that is a prefix of another (a value that
+    would have to be a dict as well).
+    """
+    data = planner_data if isinstance(planner_data, dict) else {}
+    paths: dict[str, tuple] = {}
+    for key in entries:
+        path = data.get(key, (key,))
+        if not isinstance(path, (tuple, list)) or not path or not all(
+                isinstance(p, str) or isinstance(p, int) and not isinstance(p, bool) for p in path):
+            raise FormatError(f"{file}: planner_data gives entry {key!r} the path {path!r}; a path is a non-empty "
+                              "list of names and list indices (damaged or hostile metadata)")
+        paths[key] = tuple(path)
+    owner: dict[tuple, str] = {}
+    for key, path in sorted(paths.items(), key=lambda kv: len(kv[1])):
+        for n in range(1, len(path) + 1):
+            other = owner.get(path[:n])
+            if other is not None:
+                how = "the same path" if n == len(path) else f"a path inside {other!r}'s"
+                raise FormatError(f"{file}: planner_data gives entries {other!r} and {key!r} {how} "
+                                  f"({list(path[:n])!r}); one of them would be lost (damaged or hostile metadata)")
+        owner[path] = key
+    return paths
 
 
 def _nest(flat: dict[tuple, Any]) -> dict:

@@ -36,6 +36,7 @@ import torch
 
 from ucp.errors import FormatError
 from ucp.formats.deepspeed_plain import ForeignObject
+from ucp.formats.tensor_geometry import check_loaded
 from ucp.unpickle import torch_load
 
 __all__ = ["load_pt", "load_pt_mapped", "save_pt", "StreamingPtWriter", "StoredTensor", "release_pages"]
@@ -87,17 +88,12 @@ def load_pt_mapped(path: str | os.PathLike, *, mmap: bool = True, allow: tuple =
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FormatError(f"{path} is missing")
-    if mmap:
-        try:
-            return torch_load(path, unknown="stand-in", mmap=True, allow=allow), True
-        except RuntimeError as err:
-            # The legacy (pre zip) torch.save format cannot be mapped; read it whole instead.
-            if "mmap" not in str(err) and "zip" not in str(err):
-                raise FormatError(f"{path} is not a readable torch.save file: {err}") from None
-    try:
-        return torch_load(path, unknown="stand-in", allow=allow), False
-    except RuntimeError as err:
-        raise FormatError(f"{path} is not a readable torch.save file: {err}") from None
+    with open(path, "rb") as fh:
+        # The legacy (pre zip) torch.save format cannot be mapped; it is read whole instead.
+        mmap = mmap and fh.read(4) == b"PK\x03\x04"
+    loaded = torch_load(path, unknown="stand-in", mmap=mmap, allow=allow)
+    check_loaded(path, loaded, file_bytes=os.path.getsize(path))
+    return loaded, mmap
 
 
 class _ForeignClass:

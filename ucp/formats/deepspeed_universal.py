@@ -33,6 +33,7 @@ from ucp.formats.deepspeed_flat import read_dense
 from ucp.formats.deepspeed_optim import zero_stage_of
 from ucp.formats.deepspeed_pt import load_pt, load_pt_mapped
 from ucp.formats.deepspeed_universal_writer import DeepSpeedUniversalWriter
+from ucp.formats.tensor_geometry import tag_folder
 from ucp.formats.deepspeed_zero import MODEL3_RE, MODEL_RE, json_value, plain_state, zero3_frozen_reader
 
 __all__ = ["DeepSpeedUniversalReader", "resolve_universal_dir"]
@@ -46,12 +47,11 @@ def resolve_universal_dir(path: str) -> str:
         return path
     latest = os.path.join(path, "latest_universal")
     if os.path.isfile(latest):
-        with open(latest) as f:
-            tag = f.read().strip()
-        step_dir = os.path.join(path, tag)
-        if tag and os.path.isfile(os.path.join(step_dir, "zero", "optimizer_state.pt")):
+        step_dir = tag_folder(path, "latest_universal")
+        if os.path.isfile(os.path.join(step_dir, "zero", "optimizer_state.pt")):
             return step_dir
-        raise FormatError(f"{latest} names tag {tag!r} but {step_dir}/zero/optimizer_state.pt does not exist")
+        raise FormatError(f"{latest} names tag {os.path.basename(step_dir)!r} but {step_dir}/zero/optimizer_state.pt "
+                          "does not exist")
     raise FormatError(f"{path} is not a DeepSpeed universal checkpoint: no zero/optimizer_state.pt and no "
                       "latest_universal")
 

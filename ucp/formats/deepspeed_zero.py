@@ -43,6 +43,7 @@ from ucp.formats.deepspeed_flat import read_dense, read_region
 from ucp.formats.deepspeed_optim import FP32, ZeroOptimizerFiles
 from ucp.formats.deepspeed_plain import to_plain
 from ucp.formats.deepspeed_pt import load_pt_mapped
+from ucp.formats.tensor_geometry import tag_folder
 from ucp.geometry import FlatRange, Region
 
 __all__ = ["DeepSpeedZeroReader", "resolve_step_dir", "checkpoint_files", "plain_state", "json_value",
@@ -59,11 +60,9 @@ def resolve_step_dir(path: str) -> str:
     """The folder holding the rank files: ``path`` itself, or ``path/<tag>`` with the tag its ``latest`` names."""
     latest = os.path.join(path, "latest")
     if os.path.isfile(latest) and not any(OPTIM_RE.match(n) or MODEL_RE.match(n) for n in os.listdir(path)):
-        with open(latest) as f:
-            tag = f.read().strip()
-        step_dir = os.path.join(path, tag)
-        if not tag or not os.path.isdir(step_dir):
-            raise FormatError(f"{latest} names tag {tag!r} but {step_dir} is not a folder")
+        step_dir = tag_folder(path, "latest")
+        if not os.path.isdir(step_dir):
+            raise FormatError(f"{latest} names tag {os.path.basename(step_dir)!r} but {step_dir} is not a folder")
         return step_dir
     return path
 

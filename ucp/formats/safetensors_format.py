@@ -40,6 +40,7 @@ from ucp.errors import FormatError
 from ucp.formats.base import (Format, TensorInfo, TrainingState, expect_block, parse_size, region_reader,
                               register_format)
 from ucp.formats.rawio import flat_offset, read_box, write_at
+from ucp.formats.tensor_geometry import check_geometry, check_span
 from ucp.formats.staging import StagedOutput
 from ucp.geometry import Box
 from ucp.spec import LogicalTensor
@@ -111,6 +112,10 @@ def read_header(path: str) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], 
         if end > data_len:
             raise FormatError(f"{path}: tensor {name!r} ends at byte {end} of the data, but the file holds only "
                               f"{data_len} bytes of data (truncated)")
+        # The checks every reader shares (the ones above word this format's own mistakes).
+        check_geometry(f"{path}: tensor {name!r}", dtype=dtype, shape=shape, available=end - begin)
+        check_span(f"{path}: tensor {name!r}", offset=begin, length=end - begin, available=data_len,
+                   container="the data")
         spans.append((begin, end, name))
         entries[name] = (dtype, shape, data_start + begin)
     spans.sort()

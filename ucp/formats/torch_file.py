@@ -42,11 +42,12 @@ import torch
 
 from ucp.dtypes import dtype_name
 from ucp.errors import FormatError, UnsafePickleError
-from ucp.formats.base import (Format, TensorInfo, TrainingState, expect_block, region_reader, register_format,
+from ucp.formats.base import (Format, StoredBytes, TensorInfo, TrainingState, expect_block, region_reader, register_format,
                               slice_region)
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.staging import StagedOutput
+from ucp.formats.tensor_geometry import Geometry, check_geometry, check_loaded
 from ucp.geometry import Box
 from ucp.spec import LogicalTensor
 from ucp.unpickle import RestrictedUnpickler, torch_load
@@ -69,19 +70,20 @@ class LazyTensor:
     stride: tuple[int, ...]
     dtype: str
 
+    @property
+    def geometry(self) -> Geometry:
+        """Its geometry (checked only once :func:`checked_tensor` made it)."""
+        return Geometry(self.dtype, self.shape, self.stride, self.offset)
+
     def contiguous(self) -> bool:
-        expected, acc = [], 1
-        for size in reversed(self.shape):
-            expected.append(acc)
-            acc *= size
-        return all(s == e or size == 1 for s, e, size in zip(self.stride, reversed(expected), self.shape))
+        return self.geometry.contiguous()
 
 
 class _LazyUnpickler(RestrictedUnpickler):
     """The restricted unpickler, with tensors rebuilt as :class:`LazyTensor` instead of being read."""
 
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, unknown="stand-in")
+    def __init__(self, file: Any, source: str = "") -> None:
+        super().__init__(file, unknown="stand-in", source=source)
         self.persistent_load = self._storage
 
     def _storage(self, pid: Any) -> Any:
@@ -93,7 +95,7 @@ class _LazyUnpickler(RestrictedUnpickler):
             dtype = getattr(storage_type, "dtype", torch.uint8)
         if not isinstance(dtype, torch.dtype):
             raise FormatError(f"storage {key!r} has an unknown storage type {storage_type!r}")
-        return ("storage", str(key), dtype_name(dtype), int(numel))
+        return ("storage", str(key), dtype_name(dtype), numel)
 
     def find_class(self, module: str, name: str) -> Any:
         rebuild = _REBUILDS.get(f"{module}.{name}")
@@ -104,9 +106,9 @@ def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_: Any, dtype: 
     if not (isinstance(storage, tuple) and storage and storage[0] == "storage"):
         raise FormatError("a tensor in the pickle has no storage record; the file is damaged")
     _, key, storage_dtype, numel = storage
-    name = dtype_name(dtype) if dtype is not None else storage_dtype
-    return LazyTensor(key, storage_dtype, numel, int(offset), tuple(int(s) for s in size),
-                      tuple(int(s) for s in stride), name)
+    name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else storage_dtype if dtype is None else dtype
+    # Kept as the pickle states them: the reader checks them (tensor_geometry) once it knows the tensor's name.
+    return LazyTensor(key, storage_dtype, numel, offset, size, stride, name)
 
 
 def _rebuild_v3(storage, offset, size, stride, requires_grad, hooks, dtype, metadata=None):
@@ -198,9 +200,17 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     (another object, a compressed or short record) is a :class:`FormatError`.
     """
     window = _Window(fh, start, length)
+    # torch.save ends its archive with the end-of-directory record (no comment): a window that ends
+    # anywhere else is not one archive, and zipfile would go looking for another one's directory
+    # in front of it (the previous chunk's) and read that tensor instead.
+    window.seek(max(0, length - 22))
+    if length < 22 or window.read(22)[:4] != b"PK\x05\x06":
+        raise FormatError(f"{path}: bytes {start}..{start + length} do not end where a torch.save archive ends "
+                          "(damaged metadata or data file)")
+    window.seek(0)
     prefix, offsets, archive = _record_offsets(path, window, start)
     try:
-        value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
+        value = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), f"{path} (bytes {start}..)").load()
     except (zipfile.BadZipFile, EOFError, ValueError, KeyError, zlib.error) as err:
         if isinstance(err, FormatError):
             raise
@@ -211,11 +221,23 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     if not isinstance(value, LazyTensor):
         raise FormatError(f"{path}: bytes {start}..{start + length} hold a {type(value).__name__}, not a tensor")
     record = offsets.get(prefix + "data/" + value.key)
-    itemsize = getattr(torch, value.dtype).itemsize
-    need = (value.offset + _extent(value.shape, value.stride)) * itemsize if math.prod(value.shape) else 0
-    if record is None or record[2] != zipfile.ZIP_STORED or need > record[1]:
-        raise FormatError(f"{path}: the tensor saved at byte {start} has a missing, compressed or short storage record")
-    return value, record[0] + value.offset * itemsize
+    if record is None or record[2] != zipfile.ZIP_STORED:
+        raise FormatError(f"{path}: the tensor saved at byte {start} has a missing or compressed storage record")
+    value = checked_tensor(f"{path}: the tensor saved at byte {start}", value, record[1])
+    return value, record[0] + value.offset * getattr(torch, value.dtype).itemsize
+
+
+def checked_tensor(what: str, t: LazyTensor, record_bytes: int) -> LazyTensor:
+    """``t`` with its geometry checked (:mod:`ucp.formats.tensor_geometry`) against its storage, which the
+    pickle says holds ``storage_numel`` elements and whose record holds ``record_bytes``."""
+    storage = check_geometry(f"{what} (its storage {t.key!r})", dtype=t.storage_dtype, shape=(t.storage_numel,),
+                             available=math.inf)
+    if storage.nbytes != record_bytes:  # torch.load insists on it too: a record is its storage, no more, no less
+        raise FormatError(f"{what} needs {storage.nbytes} bytes of storage record {t.key!r}, which holds "
+                          f"{record_bytes} (damaged file)")
+    g = check_geometry(what, dtype=t.dtype, shape=t.shape, stride=t.stride, offset=t.offset,
+                       available=storage.nbytes)
+    return LazyTensor(t.key, t.storage_dtype, storage.numel, g.offset, g.shape, g.stride, g.dtype)
 
 
 class TorchFileReader:
@@ -238,7 +260,7 @@ class TorchFileReader:
             self._records = {name[len(prefix) + 5:]: value for name, value in offsets.items()
                              if name.startswith(prefix + "data/")}
             try:
-                tree = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
+                tree = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), self.path).load()
             except (zipfile.BadZipFile, EOFError, ValueError, zlib.error) as err:
                 if isinstance(err, FormatError):
                     raise
@@ -247,24 +269,19 @@ class TorchFileReader:
                 archive.close()
         else:
             tree = torch_load(self.path, unknown="stand-in")
+            check_loaded(self.path, tree, file_bytes=os.path.getsize(self.path))
         self._names, self._state = split_tree(tree, _is_tensor)
-        for name, leaf in self._names.items():
-            if isinstance(leaf, LazyTensor):
-                self._check_record(name, leaf)
+        self._names = {name: self._check_record(name, leaf) if isinstance(leaf, LazyTensor) else leaf
+                       for name, leaf in self._names.items()}
 
-    def _check_record(self, name: str, t: LazyTensor) -> None:
-        record = self._records.get(t.key)
+    def _check_record(self, name: str, t: LazyTensor) -> LazyTensor:
+        record = self._records.get(t.key) if isinstance(t.key, str) else None
         if record is None:
             raise FormatError(f"{self.path}: tensor {name!r} refers to storage record {t.key!r}, which the archive "
                               "lacks (damaged file)")
         if record[2] != zipfile.ZIP_STORED:
             raise FormatError(f"{self.path}: storage record {t.key!r} is compressed; torch.save never does that")
-        itemsize = getattr(torch, t.dtype).itemsize
-        need = (t.offset + _extent(t.shape, t.stride)) * itemsize if math.prod(t.shape) else 0
-        have = t.storage_numel * getattr(torch, t.storage_dtype).itemsize
-        if need > have or have > record[1]:
-            raise FormatError(f"{self.path}: tensor {name!r} needs {need} bytes of storage record {t.key!r}, which "
-                              f"holds {record[1]} (damaged file)")
+        return checked_tensor(f"{self.path}: tensor {name!r}", t, record[1])
 
     def _fd_open(self) -> int:
         if self._fd is None:
@@ -274,25 +291,36 @@ class TorchFileReader:
     def tensors(self) -> Iterator[TensorInfo]:
         for name, leaf in self._names.items():
             if isinstance(leaf, LazyTensor):
-                yield TensorInfo(name, leaf.dtype, leaf.shape, region_reader(leaf.shape, leaf.dtype,
-                                                                             self._lazy_reader(name, leaf)))
+                yield TensorInfo(name, leaf.dtype, leaf.shape,
+                                 region_reader(leaf.shape, leaf.dtype, self._lazy_reader(name, leaf)),
+                                 stored=StoredBytes(leaf.geometry.stored_nbytes, self._stored_reader(name, leaf)))
             else:
                 if leaf.device.type == "meta":
                     raise FormatError(f"{self.path}: tensor {name!r} was saved on the meta device and has no data")
                 yield TensorInfo(name, dtype_name(leaf.dtype), tuple(leaf.shape),
                                  lambda region, t=leaf: slice_region(t, region).clone())
 
-    def _lazy_reader(self, name: str, t: LazyTensor):
+    def _stored_reader(self, name: str, t: LazyTensor):
+        """Reads the storage elements ``t`` uses, from its first to its last (1-d)."""
         what = f"{self.path}: tensor {name!r}"
 
-        def read(box: Box) -> torch.Tensor:
+        def stored() -> torch.Tensor:
             start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
+            span = t.geometry.span
+            return read_box(self._fd_open(), start, (span,), t.dtype, Box((0,), (span,)), what=what)
+
+        return stored
+
+    def _lazy_reader(self, name: str, t: LazyTensor):
+        what = f"{self.path}: tensor {name!r}"
+        stored = self._stored_reader(name, t)
+
+        def read(box: Box) -> torch.Tensor:
             if t.contiguous():
+                start = self._records[t.key][0] + t.offset * getattr(torch, t.dtype).itemsize
                 return read_box(self._fd_open(), start, t.shape, t.dtype, box, what=what)
             # A strided view (a transpose, an expand): read the storage span it uses, then view it.
-            span = _extent(t.shape, t.stride) if math.prod(t.shape) else 0
-            flat = read_box(self._fd_open(), start, (span,), t.dtype, Box((0,), (span,)), what=what)
-            return torch.as_strided(flat, t.shape, t.stride)[box.slices()].clone()
+            return torch.as_strided(stored(), t.shape, t.stride)[box.slices()].clone()
 
         return read
 
@@ -309,10 +337,6 @@ class TorchFileReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
-    return sum((s - 1) * st for s, st in zip(shape, stride)) + 1
 
 
 def _is_zip(path: str) -> bool:

@@ -8,7 +8,6 @@ hyper-parameters and Adam state after two steps.
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
@@ -16,6 +15,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
+
+from integrations.launch import free_port
 
 
 class Tiny(nn.Module):
@@ -28,12 +29,6 @@ class Tiny(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.l2(torch.tanh(self.l1(self.emb(x)))) + self.buf.sum()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _setup(rank: int, world: int, port: int):
@@ -105,9 +100,9 @@ def _load(rank: int, world: int, port: int, src: str, out: str) -> None:
 
 def make(root: str, world: int = 3) -> None:
     """``root/dcp`` (DCP by FSDP2 on ``world`` ranks) and ``root/full.pt`` (the same state, whole)."""
-    mp.spawn(_make, args=(world, _port(), root), nprocs=world, join=True)
+    mp.spawn(_make, args=(world, free_port(), root), nprocs=world, join=True)
 
 
 def load(src: str, out: str, world: int) -> None:
     """Load DCP ``src`` into a fresh FSDP2 model + optimizer on ``world`` ranks; write it whole to ``out``."""
-    mp.spawn(_load, args=(world, _port(), src, out), nprocs=world, join=True)
+    mp.spawn(_load, args=(world, free_port(), src, out), nprocs=world, join=True)

@@ -12,28 +12,23 @@ step and weights must equal the saved ones.
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from integrations.launch import WITH_DEEPSPEED, run
 from tests.ucp.formats.deepspeed_helpers import convert
 from ucp.formats.deepspeed_pt import load_pt
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _load_worker(rank: int, case, port: int, root: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(case.dp), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _load_worker(ctx, case, root: str, out: str) -> None:
+    """One rank, started by integrations.launch: it joins the rank to the launcher's gloo group, tears
+    the group down, and ends the process without an interpreter teardown (a spawned rank's teardown
+    destroyed C++ objects whose threads DeepSpeed and gloo still ran: SIGABRT, "terminate called
+    without an active exception", under load)."""
     import deepspeed
     import deepspeed.ops
     import torch.distributed as dist
@@ -41,27 +36,24 @@ def _load_worker(rank: int, case, port: int, root: str, out: str) -> None:
     from tools.fixtures.gen_deepspeed import _build, _config, _param_groups
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=120))
-    try:
-        torch.manual_seed(99)  # different initial weights: everything must come from the checkpoint
-        model = _build(case)
-        for p in model.parameters():
-            p.data.normal_()
-        groups = _param_groups(model, case)
-        optimizer = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.01)
-        config = {**_config(case), "checkpoint": {"load_universal": True}}
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-        engine.load_checkpoint(root)
-        inner = engine.optimizer.optimizer
-        states = [inner.state[g["params"][0]] for g in inner.param_groups]
-        torch.save({"fp32": [t.detach().clone() for t in engine.optimizer.single_partition_of_fp32_groups],
-                    "exp_avg": [s["exp_avg"].clone() for s in states], "step": [float(s["step"]) for s in states],
-                    "global_steps": engine.global_steps,
-                    "module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()}},
-                   os.path.join(out, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=120))  # joins the launcher's group
+    torch.manual_seed(99)  # different initial weights: everything must come from the checkpoint
+    model = _build(case)
+    for p in model.parameters():
+        p.data.normal_()
+    groups = _param_groups(model, case)
+    optimizer = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.01)
+    config = {**_config(case), "checkpoint": {"load_universal": True}}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    engine.load_checkpoint(root)
+    inner = engine.optimizer.optimizer
+    states = [inner.state[g["params"][0]] for g in inner.param_groups]
+    torch.save({"fp32": [t.detach().clone() for t in engine.optimizer.single_partition_of_fp32_groups],
+                "exp_avg": [s["exp_avg"].clone() for s in states], "step": [float(s["step"]) for s in states],
+                "global_steps": engine.global_steps,
+                "module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()}},
+               os.path.join(out, f"rank{ctx.rank}.pt"))
+    dist.barrier()
 
 
 def test_deepspeed_loads_our_universal_checkpoint(tmp_path):
@@ -80,8 +72,7 @@ def test_deepspeed_loads_our_universal_checkpoint(tmp_path):
             a, b = (x["param"] if isinstance(x, dict) and "param" in x else x for x in (a, b))
             if isinstance(a, torch.Tensor):
                 assert a.dtype == b.dtype and torch.equal(a, b), rel
-    mp.start_processes(_load_worker, args=(case, _free_port(), str(ours_root), str(tmp_path)), nprocs=case.dp,
-                       join=True, start_method="spawn")
+    run(_load_worker, world=case.dp, args=(case, str(ours_root), str(tmp_path)), preload=WITH_DEEPSPEED, timeout=600)
     saved_module = load_pt(os.path.join(source, "mp_rank_00_model_states.pt"))["module"]
     for rank in range(case.dp):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)

@@ -6,23 +6,18 @@ endpoint and fixed credentials (no lookups of AWS configuration or instance meta
 
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from integrations.launch import free_port
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

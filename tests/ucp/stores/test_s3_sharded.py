@@ -7,7 +7,6 @@ new root replaces its manifest, then removes the old prefix; a failed save leave
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import pytest
@@ -15,17 +14,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from integrations.launch import free_port
 import ucp
 from ucp.stores import StoreOptions
 
 WORLD = 3  # groups of ceil(sqrt(3)) = 2 ranks: [0, 1] and [2]
 SHARDED = StoreOptions(metadata_shard_min_ranks=1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(rank: int, version: float) -> dict:
@@ -68,7 +62,7 @@ def test_sharded_saves_commit_overwrite_and_fail_cleanly_on_s3(s3):
 
     bucket, options = s3
     url = f"{bucket}/ckpt"
-    mp.spawn(_worker, args=(_free_port(), url, options), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), url, options), nprocs=WORLD, join=True)
     fs = fsspec.filesystem("s3", **options)
     root = ucp.CheckpointReader(url, storage_options=options).manifest
     assert root.world_size == WORLD and root.states[2]["step"] == 2
