@@ -132,6 +132,11 @@ def _check_entry(path: str, entry: object, origin: str) -> dict:
             re.compile(pattern)
         except re.error as err:
             raise TaxonomyError(f"{origin}: category {path!r}: bad pattern {pattern!r}: {err}") from err
+    for key in ("symptom", "fatal"):
+        # bool("false") is True: a quoted flag would silently mean the opposite
+        if key in entry and not isinstance(entry[key], bool):
+            raise TaxonomyError(f"{origin}: category {path!r}: {key!r} must be true or false, "
+                                f"got {entry[key]!r}")
     return entry
 
 
@@ -173,10 +178,14 @@ def load_taxonomy(*, extra: str | None = None, base: str | None = None) -> Taxon
     if not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise TaxonomyError(f"{origin}: settings.confidence_threshold must be a number in [0, 1], "
                             f"got {threshold!r}")
+    order = settings.get("root_cause_order", DEFAULT_ROOT_CAUSE_ORDER)
+    if not isinstance(order, (list, tuple)) or not all(isinstance(o, str) for o in order):
+        raise TaxonomyError(f"{origin}: settings.root_cause_order must be a list of category "
+                            f"prefixes, got {order!r}")
     return Taxonomy(
         categories=categories,
         confidence_threshold=float(threshold),
-        root_cause_order=tuple(settings.get("root_cause_order", DEFAULT_ROOT_CAUSE_ORDER)),
+        root_cause_order=tuple(order),
         rules=tuple((re.compile(p), c.path) for c in ordered for p in c.patterns),
         template_rules=tuple((re.compile(_template_regex(t)), c.path) for c in ordered for t in c.templates),
     )

@@ -123,6 +123,9 @@ def test_user_taxonomy_overrides_and_extends(tmp_path):
     ('{"categories": {"Hardware GPU": {}}}', r"site.json: category 'Hardware GPU': expected domain/category/subcategory"),
     ('{"categories": {"a/b": {"patterns": ["("]}}}', r"site.json: category 'a/b': bad pattern '\(': missing \), unterminated subpattern"),
     ('{"categories": {}, "settings": {"confidence_threshold": 2}}', r"settings.confidence_threshold must be a number in \[0, 1\], got 2"),
+    ('{"categories": {"a/b": {"fatal": "false"}}}', r"site.json: category 'a/b': 'fatal' must be true or false, got 'false'"),
+    ('{"categories": {"a/b": {"symptom": 1}}}', r"site.json: category 'a/b': 'symptom' must be true or false, got 1"),
+    ('{"categories": {}, "settings": {"root_cause_order": "hardware"}}', r"settings.root_cause_order must be a list of category prefixes, got 'hardware'"),
 ])
 def test_bad_taxonomy_files_say_what_is_wrong(tmp_path, content, message):
     user = tmp_path / "site.json"
