@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from integrations.launch import PRELOAD, Group, WorkerFailed, _die_with_parent, _free_port, start_fork_server
+from integrations.launch import PRELOAD, Group, WorkerFailed, _die_with_parent, free_port, start_fork_server
 from integrations.layout_planner import LayoutChoice, plan_layout
 from ucp.errors import UcpError
 from ucp.layout import Layout
@@ -196,7 +196,7 @@ class ElasticAgent:
         self.check, self.override, self.hang_timeout_s = check, override, hang_timeout_s
         import torch.distributed as dist
 
-        self.port = _free_port()
+        self.port = free_port()
         self.store = dist.TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=rendezvous_timeout_s))
         self.generation = 0

@@ -196,6 +196,9 @@ class Group:
         self._drain(on_event)
         if self.errors and not self._dead_silently():
             time.sleep(0.2)  # a rank that died makes its peers fail at once: let the agent see the death
+            # and read the errors that arrived meanwhile: a peer that failed in those 0.2 s has exited,
+            # and without its report it would pass for one that died without a traceback
+            self._drain(on_event)
         silent = self._dead_silently()  # before anyone is killed here
         if silent or self.errors:
             self.kill_all()

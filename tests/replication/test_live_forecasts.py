@@ -22,7 +22,7 @@ from replication.policies import GreedyForecast
 from replication.replica_tiers import MemoryTier
 from replication.replicas import ReplicaManager
 from tests.replication.test_replica_recovery import WORLD, _spec, _state
-from tests.ucp.test_distributed import _free_port
+from integrations.launch import free_port
 
 HOUR = 3600.0
 
@@ -73,4 +73,4 @@ def test_replicas_follow_forecasts_from_logs(tmp_path):
     from replication.scenarios import pretrained_forecaster
 
     forecaster = pretrained_forecaster(intervals=300)
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), forecaster), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), forecaster), nprocs=WORLD, join=True)
