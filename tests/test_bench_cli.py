@@ -2,7 +2,7 @@
 
 import json
 
-from tools.cli import main
+from ucp.tools.cli import main
 
 METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "memcpy", "ucp-async-blocking",
            "ucp-async-total"}
@@ -27,7 +27,7 @@ def test_bench_rejects_bad_size(capsys):
 
 
 def test_cold_start_probe_times_a_first_and_a_warm_save_and_load(tmp_path, capsys):
-    from tools.bench.cold_start import main as probe
+    from ucp.tools.bench.cold_start import main as probe
 
     assert probe(["0.001", str(tmp_path)]) == 0
     found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -36,7 +36,7 @@ def test_cold_start_probe_times_a_first_and_a_warm_save_and_load(tmp_path, capsy
 
 
 def test_the_order_of_the_methods_rotates_every_repeat(tmp_path):
-    from tools.bench.core_bench import run_benchmark
+    from ucp.tools.bench.core_bench import run_benchmark
 
     report = run_benchmark(size_gib=0.0005, dirs=[tmp_path / "b"], repeats=3, methods=["raw", "torch.save", "ucp"],
                            measure_rss=False, cold_start=False)

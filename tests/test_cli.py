@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tools.cli import SUBCOMMANDS, main
+from ucp.tools.cli import SUBCOMMANDS, main
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
@@ -28,5 +28,5 @@ def test_unknown_command_exits_2():
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "tools", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "ucp.tools", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "verify" in out.stdout

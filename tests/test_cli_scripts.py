@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import ucp
-from tools import cli
-from tools.cli import SUBCOMMANDS, main
+from ucp.tools import cli
+from ucp.tools.cli import SUBCOMMANDS, main
 
 LOGHUB = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "loghub"
 LONG = "model.layers.0.a_very_long_module_name_that_a_table_at_eighty_columns_would_cut_or_fold.weight_of_it"
@@ -136,9 +136,9 @@ def test_ucl_errors_name_every_missing_parameter_at_once(capsys):
 
 
 def test_progress_shows_as_lines_off_a_terminal(files, tmp_path, monkeypatch, capsys):
-    import tools.progress_bar
+    from ucp.tools import progress_bar
 
-    monkeypatch.setattr(tools.progress_bar, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr(progress_bar, "LINE_EVERY_S", 0.0)
     assert main(["convert", str(files / "ckpt"), str(tmp_path / "c.pt")]) == 0
     err = capsys.readouterr().err
     assert "converting: " in err and " of " in err and "%)" in err
@@ -147,7 +147,7 @@ def test_progress_shows_as_lines_off_a_terminal(files, tmp_path, monkeypatch, ca
 def test_progress_lines_come_every_few_seconds():
     import io
 
-    from tools.progress_bar import ProgressLines
+    from ucp.tools.progress_bar import ProgressLines
 
     ticks = iter([0.0, 1.0, 2.0, 5.5, 6.0, 11.0])
     out = io.StringIO()

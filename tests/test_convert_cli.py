@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import ucp
-from tools.cli import main
+from ucp.tools.cli import main
 
 
 def _sources(root) -> dict[str, str]:
@@ -142,7 +142,7 @@ def test_hostile_pickle_is_refused_and_nothing_runs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_convert_benchmark_runs_end_to_end(tmp_path, capsys):
-    from tools.bench import convert_bench
+    from ucp.tools.bench import convert_bench
 
     assert convert_bench.main(["--size-gib", "0.02", "--world", "1", "--dir", str(tmp_path), "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.cli import main
-from tools.demo import PLOT_NAME, run_demo
+from ucp.tools.cli import main
+from ucp.tools.demo import PLOT_NAME, run_demo
 
 
 @pytest.mark.slow
@@ -53,13 +53,13 @@ def test_demo_cli_json(tmp_path, capsys):
 
 
 def test_demo_cli_exits_1_when_a_check_fails(monkeypatch, capsys):
-    import tools.demo
+    from ucp.tools import demo
 
     def fails(*_args, **_kwargs):
-        raise tools.demo.DemoCheckFailed("the run's loss left the uninterrupted reference: 3.0e-02 relative at "
+        raise demo.DemoCheckFailed("the run's loss left the uninterrupted reference: 3.0e-02 relative at "
                                          "step 9 (tolerance 1e-04)")
 
-    monkeypatch.setattr(tools.demo, "run_demo", fails)
+    monkeypatch.setattr(demo, "run_demo", fails)
     assert main(["demo", "--steps", "12"]) == 1
     assert capsys.readouterr().err == ("ucp demo: the run's loss left the uninterrupted reference: 3.0e-02 relative "
                                        "at step 9 (tolerance 1e-04)\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import ucl
+from ucp import ucl
 import ucp
 from ucp.layout import Layout
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.bench.recovery_bench import main, median_ci95
+from ucp.tools.bench.recovery_bench import main, median_ci95
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The zero=1 scenario of tools/bench/ucl_reshard.py: its state, checked against the UCL preset, and a smoke run."""
+"""The zero=1 scenario of ucp/tools/bench/ucl_reshard.py: its state, checked against the UCL preset, and a smoke run."""
 
 import json
 import math
@@ -6,21 +6,21 @@ import math
 import pytest
 import torch
 
-import ucl
-from integrations.llama.model import logical_shapes
-from integrations.megatron.sharding import local_shards
-from tools.bench import ucl_reshard
-from tools.bench.megatron_state import (
+from ucp import ucl
+from ucp.integrations.llama.model import logical_shapes
+from ucp.integrations.megatron.sharding import local_shards
+from ucp.tools.bench import ucl_reshard
+from ucp.tools.bench.megatron_state import (
     STATES, check_layout, flat_ranges, logical_values, model_for, rank_state, state_bytes,
 )
-from tools.bench.zero1_reshard import _program
+from ucp.tools.bench.zero1_reshard import _program
 from ucp.geometry import Box
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor
 
 
 def test_values_of_a_box_are_the_slice_of_the_whole_tensor(monkeypatch):
-    monkeypatch.setattr("tools.bench.megatron_state._SLAB", 7)  # several slabs, one cut mid-box
+    monkeypatch.setattr("ucp.tools.bench.megatron_state._SLAB", 7)  # several slabs, one cut mid-box
     whole = logical_values("w/exp_avg", (5, 6, 4), Box.full((5, 6, 4)))
     part = logical_values("w/exp_avg", (5, 6, 4), Box((1, 2, 1), (4, 3, 2)))
     assert torch.equal(part, whole[1:5, 2:5, 1:3])
@@ -100,7 +100,7 @@ def test_metadata_bytes_count_the_manifest_and_its_shards(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     import ucp
-    from tools.bench.zero1_reshard import metadata_summary
+    from ucp.tools.bench.zero1_reshard import metadata_summary
 
     ucp.save({"w/exp_avg": torch.ones(4), "w": torch.ones(2)}, tmp_path / "u")
     dcp.save({"optimizer.state.exp_avg.w": torch.ones(4), "model.w": torch.ones(2)}, checkpoint_id=tmp_path / "d")

@@ -187,10 +187,10 @@ def convert(
 def bind_program(program: Any, params: Mapping[str, Any] | None, src: str) -> Any:
     """The UCL program with ``params``, the rest filled from a ``config.json`` beside ``src``; all must be set.
 
-    Raises :class:`ucl.errors.UnboundNameError` listing every parameter still without a value.
+    Raises :class:`ucp.ucl.errors.UnboundNameError` listing every parameter still without a value.
     """
-    from ucl.bind import load_program
-    from ucl.errors import UnboundNameError
+    from ucp.ucl.bind import load_program
+    from ucp.ucl.errors import UnboundNameError
     from ucp.formats.hf_files import config_beside, config_params
 
     bound = load_program(program, **dict(params or {}))

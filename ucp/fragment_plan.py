@@ -4,7 +4,7 @@ The writer decides, for every piece of every local tensor, which sub-regions thi
 writes (:func:`ucp.write_units.write_plan`), how each is chunked and whether it is packed;
 this module makes the same decisions from shapes and dtypes, so the size of a checkpoint's
 metadata at thousands of ranks can be computed without a byte of tensor data
-(``tools/bench/scale_sim.py``)::
+(``ucp/tools/bench/scale_sim.py``)::
 
     >>> from ucp.sharding import split_fragment_map
     >>> from ucp.spec import LogicalTensor

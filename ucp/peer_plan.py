@@ -10,7 +10,7 @@ then a peer's (spread over the holders), and storage only for what no survivor h
 It is the reader's geometry (:func:`ucp.geometry.plan_overlaps` over a logical
 tensor's regions) with more than one kind of source: a plan is a value, computed from
 plain data, so it is tested without processes; the executor that moves the bytes
-(:mod:`replication.hot_reshard`) is thin. Every element of every target piece is
+(:mod:`ucp.replication.hot_reshard`) is thin. Every element of every target piece is
 planned exactly once::
 
     >>> from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec

@@ -77,16 +77,16 @@ def compile_for_save(program: Any, *, spec: Any, layout: Layout | None, rank: in
                      logical: dict | None) -> tuple[FragmentMap, ProgramRecord]:
     """The fragment map of ``rank`` saving ``local`` (key -> (shape, dtype)) under ``program``, and its record.
 
-    ``program`` is anything :func:`ucl.load_program` reads: UCL text, a ``.ucl`` path, a preset name
+    ``program`` is anything :func:`ucp.ucl.load_program` reads: UCL text, a ``.ucl`` path, a preset name
     or reference, or a ``BoundProgram``. A ``spec`` given too is refused (one of them would be ignored).
     """
     if spec is not None:
-        from ucl.errors import UclError
+        from ucp.ucl.errors import UclError
 
         raise UclError("pass spec= or program= to save, not both: a spec is a compiled program for one rank")
     if layout is None:
         raise LayoutError("program= needs layout= (e.g. layout='tp=2,dp=2') to be compiled into a fragment map")
-    from ucl.bind import load_program, spec_for_save
+    from ucp.ucl.bind import load_program, spec_for_save
 
     bound = load_program(program)
     return spec_for_save(bound, layout, rank, local, shapes=logical), bound.record()
@@ -99,7 +99,7 @@ def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: di
     Without ``program``, a ``layout`` (or a ``rank`` of the saved layout) uses the checkpoint's own
     program. A given program must agree with the recorded one on every model parameter.
     """
-    from ucl.errors import UclError
+    from ucp.ucl.errors import UclError
 
     if spec is not None and program is not None:
         raise UclError("pass spec= or program= to load, not both: a spec is a compiled program for one rank")
@@ -110,7 +110,7 @@ def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: di
     if layout is None or rank is None:
         raise LayoutError("loading through a UCL program needs layout= (e.g. 'tp=2,dp=2') and rank= to say "
                           "which shard to load")
-    from ucl.bind import load_program, spec_for_load
+    from ucp.ucl.bind import load_program, spec_for_load
 
     if program is None:
         if recorded is None:
@@ -130,8 +130,8 @@ def merge_with_recorded(path: str, bound: Any, recorded: ProgramRecord | None) -
     """
     if recorded is None:
         return bound
-    from ucl.bind import load_program, param_conflicts, with_saved_params
-    from ucl.errors import ProgramMismatchError
+    from ucp.ucl.bind import load_program, param_conflicts, with_saved_params
+    from ucp.ucl.errors import ProgramMismatchError
 
     saved = load_program(recorded)
     conflicts = param_conflicts(bound, saved)

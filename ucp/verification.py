@@ -129,7 +129,7 @@ def _program_problems(manifest: Manifest, manifest_file: str) -> list[Problem]:
     """The recorded UCL program must parse and bind: a load under another layout compiles it."""
     if manifest.program is None:
         return []
-    from ucl.bind import load_program
+    from ucp.ucl.bind import load_program
 
     try:
         load_program(manifest.program)

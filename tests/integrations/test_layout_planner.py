@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from integrations.layout_planner import plan_layout
+from ucp.integrations.layout_planner import plan_layout
 from ucp.errors import LayoutError
 from ucp.layout import Layout
 

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from reliability.ettr.tracker import ETTRTracker  # noqa: E402
+from ucp.reliability.ettr.tracker import ETTRTracker  # noqa: E402
 from ucp.api import load  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def test_lightning_run_killed_and_resumed(tmp_path, jobs, same_state, committed)
 def test_checkpoint_io_round_trips_a_lightning_style_dict(tmp_path):
     import torch
 
-    from integrations.lightning import UcpCheckpointIO
+    from ucp.integrations.lightning import UcpCheckpointIO
 
     io = UcpCheckpointIO()
     checkpoint = {"epoch": 1, "global_step": 7, "state_dict": {"w": torch.ones(2)},
@@ -50,7 +50,7 @@ def test_gradient_accumulation_saves_once_per_optimizer_step(tmp_path):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from integrations.lightning import UcpCheckpoint
+    from ucp.integrations.lightning import UcpCheckpoint
     from ucp.policies import EveryNSteps
 
     class Tiny(pl.LightningModule):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from integrations.loop import TrainingSession
-from reliability.ettr.adaptive import AdaptiveIntervalPolicy
-from reliability.ettr.tracker import ETTRTracker
+from ucp.integrations.loop import TrainingSession
+from ucp.reliability.ettr.adaptive import AdaptiveIntervalPolicy
+from ucp.reliability.ettr.tracker import ETTRTracker
 from ucp.api import load
 from ucp.policies import EveryNSteps
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from integrations.page_cache import cached_fraction, evict
+from ucp.integrations.page_cache import cached_fraction, evict
 
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux's fincore to see the page cache")

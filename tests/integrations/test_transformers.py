@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
 
-from reliability.ettr.tracker import ETTRTracker  # noqa: E402
+from ucp.reliability.ettr.tracker import ETTRTracker  # noqa: E402
 from ucp.api import load  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def test_transformers_run_killed_and_resumed(tmp_path, jobs, same_state, committ
 
 
 def test_missing_framework_names_the_extra():
-    from integrations._optional import MissingDependencyError, require
+    from ucp.integrations._optional import MissingDependencyError, require
 
     with pytest.raises(MissingDependencyError) as caught:
         require("no_such_framework_xyz", extra="lightning")

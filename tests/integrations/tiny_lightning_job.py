@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from integrations.lightning import UcpCheckpoint
+from ucp.integrations.lightning import UcpCheckpoint
 from ucp.api import save
 from ucp.policies import EveryNSteps
 

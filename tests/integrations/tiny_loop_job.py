@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from integrations.loop import TrainingSession
+from ucp.integrations.loop import TrainingSession
 from ucp.api import save
 from ucp.policies import EveryNSteps
 

@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from integrations.transformers import UcpTrainerCallback
+from ucp.integrations.transformers import UcpTrainerCallback
 from ucp.api import save
 from ucp.policies import EveryNSteps
 

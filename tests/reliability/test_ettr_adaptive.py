@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from reliability.ettr.adaptive import AdaptiveIntervalPolicy, failures_per_node_day_from_report
-from reliability.ettr.model import ETTRInputError, JobReliability, optimal_interval_s
-from reliability.ettr.tracker import ETTRTracker
+from ucp.reliability.ettr.adaptive import AdaptiveIntervalPolicy, failures_per_node_day_from_report
+from ucp.reliability.ettr.model import ETTRInputError, JobReliability, optimal_interval_s
+from ucp.reliability.ettr.tracker import ETTRTracker
 from ucp.policies import AnyOf, EveryNSteps, SavePolicy
 
 

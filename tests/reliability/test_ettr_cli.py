@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.cli import main
+from ucp.tools.cli import main
 
 KOKOLIS = ["--gpus", "16000", "--failures-per-1000-node-days", "6.5", "--restart-min", "5"]
 
@@ -102,7 +102,7 @@ def test_from_a_real_logs_analysis(capsys, tmp_path):
     # The seam with `ucp logs analyze --json`, on a real Loghub sample.
     from pathlib import Path
 
-    from reliability.logs import analyze
+    from ucp.reliability.logs import analyze
 
     sample = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "loghub" / "HPC_2k.log"
     assert sample.is_file(), f"the shared Loghub sample must sit beside the repository: {sample}"
@@ -116,7 +116,7 @@ def test_from_a_real_logs_analysis(capsys, tmp_path):
 
 
 def test_the_report_is_library_code_the_cli_prints(capsys, tmp_path):
-    from reliability.ettr import compute_report, job_from_inputs, plot_report
+    from ucp.reliability.ettr import compute_report, job_from_inputs, plot_report
 
     job = job_from_inputs(gpus=16000, failures_per_1000_node_days=6.5, restart_min=5, save_min=1)
     report = compute_report(job, interval_s=3600.0)
@@ -131,7 +131,7 @@ def test_the_report_is_library_code_the_cli_prints(capsys, tmp_path):
     ({"nodes": 8, "mttf_hours": 5.0, "queue_min": float("nan")}, "--queue-min must be >= 0 minutes, got nan"),
 ])
 def test_job_inputs_are_checked_in_the_library(inputs, message):
-    from reliability.ettr import ETTRInputError, job_from_inputs
+    from ucp.reliability.ettr import ETTRInputError, job_from_inputs
 
     with pytest.raises(ETTRInputError) as err:
         job_from_inputs(**inputs)
@@ -165,7 +165,7 @@ def test_a_logs_report_that_is_not_json_text_is_exit_2_without_blocking(capsys, 
 
 
 def test_a_tracker_state_that_is_not_json_text_is_a_tracker_state_error(tmp_path):
-    from reliability.ettr import TrackerStateError, read_summary
+    from ucp.reliability.ettr import TrackerStateError, read_summary
 
     (tmp_path / "ettr.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(TrackerStateError, match=r"ettr.json: cannot read tracker state: .* codec can't decode"):

@@ -8,12 +8,12 @@ import importlib
 import pytest
 
 MODULES = [
-    "reliability.ettr",
-    "reliability.ettr.model",
-    "reliability.ettr.simulator",
-    "reliability.ettr.tracker",
-    "reliability.ettr.adaptive",
-    "reliability.ettr.report",
+    "ucp.reliability.ettr",
+    "ucp.reliability.ettr.model",
+    "ucp.reliability.ettr.simulator",
+    "ucp.reliability.ettr.tracker",
+    "ucp.reliability.ettr.adaptive",
+    "ucp.reliability.ettr.report",
 ]
 
 

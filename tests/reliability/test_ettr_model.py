@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability.ettr.model import (
+from ucp.reliability.ettr.model import (
     ETTRInputError,
     JobReliability,
     closed_form_optimal_interval_s,

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from reliability.ettr.model import ETTRInputError, JobReliability, expected_ettr
-from reliability.ettr.simulator import FailureLaw, ettr_per_run, sample_failure_times, simulate_ettr, simulate_grid
+from ucp.reliability.ettr.model import ETTRInputError, JobReliability, expected_ettr
+from ucp.reliability.ettr.simulator import FailureLaw, ettr_per_run, sample_failure_times, simulate_ettr, simulate_grid
 
 MIN = 60.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability.ettr.tracker import ETTRTracker, TrackerStateError, format_seconds
+from ucp.reliability.ettr.tracker import ETTRTracker, TrackerStateError, format_seconds
 from ucp.errors import UcpError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def test_format_seconds(seconds, text):
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from reliability.ettr.tracker import ETTRTracker
+    from ucp.reliability.ettr.tracker import ETTRTracker
     directory, resumed = sys.argv[1], int(sys.argv[2])
     tracker = ETTRTracker(directory, flush_every_s=0.0)
     tracker.start(resumed_step=resumed)
@@ -206,7 +206,7 @@ def test_survives_sigkill_of_a_real_process(tmp_path):
 
 
 def test_read_summary_of_a_finished_run_stops_the_clock_at_close(tmp_path):
-    from reliability.ettr.tracker import read_summary
+    from ucp.reliability.ettr.tracker import read_summary
 
     clock = FakeClock()
     tracker = ETTRTracker(tmp_path, clock=clock)

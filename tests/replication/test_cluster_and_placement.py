@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from replication.cluster import ClusterSpec
-from replication.errors import PlacementError, PlacementInputError
-from replication.placement import (ClusterView, NodeState, Placement, PlacementRequest, ReplicaSite,
+from ucp.replication.cluster import ClusterSpec
+from ucp.replication.errors import PlacementError, PlacementInputError
+from ucp.replication.placement import (ClusterView, NodeState, Placement, PlacementRequest, ReplicaSite,
                                    validate_placement)
-from replication.recovery import recover
+from ucp.replication.recovery import recover
 
 GB = 1e9
 

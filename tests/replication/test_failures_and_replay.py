@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replication.cluster import ClusterSpec
-from replication.errors import FailureLogError, PlacementInputError
-from replication.failures import CHANNELS, FailureModel, Lifetime, generate_trace
-from replication.replay import load_report, trace_from_report
-from replication.scenarios import family_trace
-from tools.cli import main
+from ucp.replication.cluster import ClusterSpec
+from ucp.replication.errors import FailureLogError, PlacementInputError
+from ucp.replication.failures import CHANNELS, FailureModel, Lifetime, generate_trace
+from ucp.replication.replay import load_report, trace_from_report
+from ucp.replication.scenarios import family_trace
+from ucp.tools.cli import main
 
 DATA = Path(__file__).parent / "data"
 SPEC = ClusterSpec(nodes=16, rack_size=4)
@@ -134,8 +134,8 @@ def test_replay_refuses_a_fifo_without_blocking(tmp_path):
 
 
 def test_bursts_take_nodes_anywhere_and_are_weighted_for_training():
-    from replication.rl_env import SimulatedEpisodes
-    from replication.simulator import Scenario
+    from ucp.replication.rl_env import SimulatedEpisodes
+    from ucp.replication.simulator import Scenario
 
     trace = family_trace("burst", intervals=1500, seed=2)
     bursts = [e for events in trace.failures for e in events if len(e) > 1]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replication.forecast import (FEATURES, FailureForecaster, evaluate_forecasts, expected_calibration_error,
+from ucp.replication.forecast import (FEATURES, FailureForecaster, evaluate_forecasts, expected_calibration_error,
                                   trace_features)
-from replication.scenarios import family_trace
+from ucp.replication.scenarios import family_trace
 
 
 @pytest.fixture(scope="module")

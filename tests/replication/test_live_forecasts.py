@@ -2,7 +2,7 @@
 
 Four gloo processes save a checkpoint and replicate it with the forecast-aware greedy policy;
 each rank's risk comes from a ``ucp logs analyze --json``-shaped report through the pretrained
-forecaster (:class:`replication.live_risk.LogRisk`). Node n1 logs hardware errors and fatal
+forecaster (:class:`ucp.replication.live_risk.LogRisk`). Node n1 logs hardware errors and fatal
 incidents: its arrays get more copies than a quiet node's. Then n1 goes quiet and n3 starts
 failing: ``replace_if_forecasts_changed`` places again, n3's arrays gain copies, n1's lose the
 ones no longer placed (dropped from the tiers), and an unchanged forecast changes nothing.
@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ucp
-from replication.live_risk import LogRisk
-from replication.policies import GreedyForecast
-from replication.replica_tiers import MemoryTier
-from replication.replicas import ReplicaManager
+from ucp.replication.live_risk import LogRisk
+from ucp.replication.policies import GreedyForecast
+from ucp.replication.replica_tiers import MemoryTier
+from ucp.replication.replicas import ReplicaManager
 from tests.replication.test_replica_recovery import WORLD, _spec, _state
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 
 HOUR = 3600.0
 
@@ -70,7 +70,7 @@ def _worker(rank: int, port: int, root: str, forecaster) -> None:
 
 @pytest.mark.slow
 def test_replicas_follow_forecasts_from_logs(tmp_path):
-    from replication.scenarios import pretrained_forecaster
+    from ucp.replication.scenarios import pretrained_forecaster
 
     forecaster = pretrained_forecaster(intervals=300)
     mp.spawn(_worker, args=(free_port(), str(tmp_path), forecaster), nprocs=WORLD, join=True)

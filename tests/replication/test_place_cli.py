@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.cli import main
+from ucp.tools.cli import main
 
 DATA = Path(__file__).parent / "data"
-from replication.scenarios import FAMILIES  # noqa: E402
+from ucp.replication.scenarios import FAMILIES  # noqa: E402
 
 POLICIES = ["greedy", "group", "rack-aware", "rl", "static-random"]
 METRICS = ["ci95", "data_loss_events", "downtime_s", "ettr", "failures", "lost_work_s", "mean_recovery_s",
@@ -90,7 +90,7 @@ def test_train_command_writes_a_loadable_policy(tmp_path):
     out = tmp_path / "p.safetensors"
     assert main(["place", "train", "--timesteps", "1024", "--intervals", "100", "--pretrain-intervals", "100",
                  "--out", str(out), "--quiet"]) == 0
-    from replication.rl_policy import RLPolicy
+    from ucp.replication.rl_policy import RLPolicy
 
     assert RLPolicy.load(out, online=False).max_nodes == 32
 

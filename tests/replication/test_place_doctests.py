@@ -8,35 +8,35 @@ import importlib
 import pytest
 
 MODULES = [
-    "replication",
-    "replication.cluster",
-    "replication.placement",
-    "replication.failures",
-    "replication.replay",
-    "replication.recovery",
-    "replication.forecast",
-    "replication.scenarios",
-    "replication.policies",
-    "replication.simulator",
-    "replication.rl_env",
-    "replication.rl_net",
-    "replication.rl_policy",
-    "replication.policy_file",
-    "replication.published_rates",
-    "replication.optimum",
-    "replication.live_risk",
-    "replication.evaluate",
-    "replication.replica_tiers",
-    "replication.replica_map",
-    "replication.replica_trust",
-    "replication.replica_files",
-    "replication.replica_plan",
-    "replication.replica_transfer",
+    "ucp.replication",
+    "ucp.replication.cluster",
+    "ucp.replication.placement",
+    "ucp.replication.failures",
+    "ucp.replication.replay",
+    "ucp.replication.recovery",
+    "ucp.replication.forecast",
+    "ucp.replication.scenarios",
+    "ucp.replication.policies",
+    "ucp.replication.simulator",
+    "ucp.replication.rl_env",
+    "ucp.replication.rl_net",
+    "ucp.replication.rl_policy",
+    "ucp.replication.policy_file",
+    "ucp.replication.published_rates",
+    "ucp.replication.optimum",
+    "ucp.replication.live_risk",
+    "ucp.replication.evaluate",
+    "ucp.replication.replica_tiers",
+    "ucp.replication.replica_map",
+    "ucp.replication.replica_trust",
+    "ucp.replication.replica_files",
+    "ucp.replication.replica_plan",
+    "ucp.replication.replica_transfer",
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name, monkeypatch):
-    monkeypatch.chdir(importlib.import_module("replication").__path__[0] + "/..")
+    monkeypatch.chdir(importlib.import_module("ucp").__path__[0] + "/..")
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replication.cluster import MEMORY, ClusterSpec
-from replication.failures import CHANNELS, Trace
-from replication.placement import ClusterView, PlacementRequest, validate_placement
-from replication.policies import GreedyForecast, GroupPlacement, RackAware, StaticRandom, allocate_counts
-from replication.simulator import Scenario, simulate
+from ucp.replication.cluster import MEMORY, ClusterSpec
+from ucp.replication.failures import CHANNELS, Trace
+from ucp.replication.placement import ClusterView, PlacementRequest, validate_placement
+from ucp.replication.policies import GreedyForecast, GroupPlacement, RackAware, StaticRandom, allocate_counts
+from ucp.replication.simulator import Scenario, simulate
 
 SPEC = ClusterSpec()  # 16 nodes, racks of 4
 

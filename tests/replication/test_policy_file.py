@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from replication.errors import PolicyFileError
-from replication.policy_file import METADATA_KEY, read_policy
-from replication.rl_policy import RLPolicy, shipped_policy_path, train_policy
-from replication.rl_env import SimulatedEpisodes
+from ucp.replication.errors import PolicyFileError
+from ucp.replication.policy_file import METADATA_KEY, read_policy
+from ucp.replication.rl_policy import RLPolicy, shipped_policy_path, train_policy
+from ucp.replication.rl_env import SimulatedEpisodes
 
 
 class _Command:
@@ -52,7 +52,7 @@ def test_a_doctored_policy_zip_is_refused_and_runs_nothing(tmp_path):
 
 
 def test_place_eval_refuses_a_doctored_policy_file(tmp_path):
-    from tools.cli import main
+    from ucp.tools.cli import main
 
     marker = tmp_path / "ran"
     _doctored_zip(tmp_path / "p.zip", marker)
@@ -118,8 +118,8 @@ def test_save_and_load_round_trip_keeps_weights_and_optimizer_state(tmp_path):
 
 
 def test_training_and_retraining_leave_nothing_in_the_temp_folder(tmp_path, monkeypatch):
-    from replication.scenarios import family_trace
-    from replication.simulator import Scenario, run_interval
+    from ucp.replication.scenarios import family_trace
+    from ucp.replication.simulator import Scenario, run_interval
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what stable-baselines3's logger writes under
     source = SimulatedEpisodes.from_family("independent", intervals=40, seed=2)

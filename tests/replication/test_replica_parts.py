@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import ucp
-from replication.errors import PlacementError, ReplicaCapacityError
-from replication.policies import GroupPlacement, StaticRandom
-from replication.replica_files import CheckpointFiles
-from replication.replica_map import REPLICA_MAP_NAME, ArrayRecord, FileRecord, Holder, ReplicaMap
-from replication.replica_plan import RankInfo, node_ranks, plan_replication
-from replication.replica_tiers import CheckpointMeta, DiskTier, MemoryTier
-from replication.replica_transfer import Transfer, rounds
-from replication.replicas import ReplicaManager
+from ucp.replication.errors import PlacementError, ReplicaCapacityError
+from ucp.replication.policies import GroupPlacement, StaticRandom
+from ucp.replication.replica_files import CheckpointFiles
+from ucp.replication.replica_map import REPLICA_MAP_NAME, ArrayRecord, FileRecord, Holder, ReplicaMap
+from ucp.replication.replica_plan import RankInfo, node_ranks, plan_replication
+from ucp.replication.replica_tiers import CheckpointMeta, DiskTier, MemoryTier
+from ucp.replication.replica_transfer import Transfer, rounds
+from ucp.replication.replicas import ReplicaManager
 from ucp.errors import ManifestError
 
 
@@ -152,8 +152,8 @@ def test_checkpoint_manager_replicates_each_commit_and_restores_a_lost_directory
 
 
 def test_every_policy_plans_real_replicas_across_racks():
-    from replication.policies import baseline_policies
-    from replication.rl_policy import RLPolicy
+    from ucp.replication.policies import baseline_policies
+    from ucp.replication.rl_policy import RLPolicy
 
     records = _records(range(8))
     infos = [RankInfo(rank=r, node=f"n{r}", rack=r // 2, free={"memory": 300, "disk": 1000}) for r in range(8)]

@@ -35,13 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 import ucp.write_units
-from replication.errors import ReplicaLostError, ReplicaWarning
-from replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
-from replication.replica_tiers import DiskTier, MemoryTier
-from replication.replicas import ReplicaManager
+from ucp.replication.errors import ReplicaLostError, ReplicaWarning
+from ucp.replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
+from ucp.replication.replica_tiers import DiskTier, MemoryTier
+from ucp.replication.replicas import ReplicaManager
 from ucp.geometry import Box
 from ucp.manager import CheckpointManager
 from ucp.sharding import split_fragment_map

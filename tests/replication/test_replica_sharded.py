@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
-from replication.replica_tiers import MemoryTier
-from replication.replicas import ReplicaManager
+from ucp.replication.replica_tiers import MemoryTier
+from ucp.replication.replicas import ReplicaManager
 from tests.replication.test_replica_recovery import WORLD, _spec, _state
 from ucp.stores import StoreOptions
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import ucp
-from replication.errors import ReplicaError
-from replication.replica_tiers import DiskTier, MemoryTier
-from replication.replicas import ReplicaManager
+from ucp.replication.errors import ReplicaError
+from ucp.replication.replica_tiers import DiskTier, MemoryTier
+from ucp.replication.replicas import ReplicaManager
 from ucp.checksum import digest
 from ucp.errors import ManifestError
 
@@ -109,7 +109,7 @@ def test_a_damaged_disk_tier_metadata_file_is_refused_by_name(tmp_path, head):
     ("holders", [{"rank": 0, "tier": "tape"}], "holder tier 'tape' is not one of memory, disk"),
 ])
 def test_replica_map_fields_are_checked(tmp_path, field, value, message):
-    from replication.replica_map import ReplicaMap
+    from ucp.replication.replica_map import ReplicaMap
 
     tier = MemoryTier(capacity_bytes=1 << 20)
     _replicated(tmp_path, tier)

@@ -7,14 +7,14 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from replication.cluster import ClusterSpec
-from replication.errors import PlacementInputError, PolicyFileError
-from replication.placement import ClusterView, NodeState, PlacementRequest, validate_placement
-from replication.rl_env import PlacementBuilder, PlacementEnv, ReplayedEpisodes, SimulatedEpisodes
-from replication.policy_file import save_policy
-from replication.rl_policy import RLPolicy, train_policy
-from replication.simulator import Scenario, run_interval
-from replication.scenarios import family_trace
+from ucp.replication.cluster import ClusterSpec
+from ucp.replication.errors import PlacementInputError, PolicyFileError
+from ucp.replication.placement import ClusterView, NodeState, PlacementRequest, validate_placement
+from ucp.replication.rl_env import PlacementBuilder, PlacementEnv, ReplayedEpisodes, SimulatedEpisodes
+from ucp.replication.policy_file import save_policy
+from ucp.replication.rl_policy import RLPolicy, train_policy
+from ucp.replication.simulator import Scenario, run_interval
+from ucp.replication.scenarios import family_trace
 
 SPEC = ClusterSpec()
 

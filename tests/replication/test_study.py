@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replication.cluster import ClusterSpec
-from replication.evaluate import aggregate, ci95
-from replication.failures import generate_trace
-from replication.optimum import expected_seconds, optimum, small_instance
-from replication.policies import GroupPlacement, StaticRandom, baseline_policies
-from replication.published_rates import node_failure_probability, published_model, rack_event_share
-from replication.recovery import Recovery
-from replication.simulator import PolicyResult, Scenario, hazard_cases, simulate, simulate_expected
+from ucp.replication.cluster import ClusterSpec
+from ucp.replication.evaluate import aggregate, ci95
+from ucp.replication.failures import generate_trace
+from ucp.replication.optimum import expected_seconds, optimum, small_instance
+from ucp.replication.policies import GroupPlacement, StaticRandom, baseline_policies
+from ucp.replication.published_rates import node_failure_probability, published_model, rack_event_share
+from ucp.replication.recovery import Recovery
+from ucp.replication.simulator import PolicyResult, Scenario, hazard_cases, simulate, simulate_expected
 
 SPEC = ClusterSpec()
 
@@ -69,8 +69,8 @@ def test_the_optimum_is_no_worse_than_any_policy_and_is_exact():
     for policy in baseline_policies(seed=1):
         assert expected_seconds(instance, policy.place(instance.request, instance.view)) >= cost - 1e-9
     # exact: no single-shard move improves on it
-    from replication.placement import Placement, ReplicaSite, validate_placement
-    from replication.errors import PlacementError
+    from ucp.replication.placement import Placement, ReplicaSite, validate_placement
+    from ucp.replication.errors import PlacementError
 
     for fid in best.sites:
         for node in range(4):
@@ -86,8 +86,8 @@ def test_the_optimum_is_no_worse_than_any_policy_and_is_exact():
 
 
 def test_log_risk_ranks_a_failing_node_above_a_quiet_one():
-    from replication.live_risk import LogRisk
-    from replication.scenarios import pretrained_forecaster
+    from ucp.replication.live_risk import LogRisk
+    from ucp.replication.scenarios import pretrained_forecaster
     from tests.replication.test_live_forecasts import _report
 
     risk = LogRisk(pretrained_forecaster(intervals=300))

@@ -87,7 +87,7 @@ def check_layout_pair(program, a, b, tensors, params) -> None:
     The in-memory executor (ucl.simulate) plays every rank: placing logical tensors on the ranks of a
     layout and gathering them back is exactly save + load minus the disk.
     """
-    from ucl.simulate import gather, place
+    from ucp.ucl.simulate import gather, place
 
     fm_a, loc_a = place(program, a, tensors, params=params)
     saved = gather(fm_a, loc_a)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-import ucl
-from ucl.errors import UclError, UclSyntaxError
-from ucl.parser import parse
+from ucp import ucl
+from ucp.ucl.errors import UclError, UclSyntaxError
+from ucp.ucl.parser import parse
 from ucp.spec import LogicalTensor
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.cli import main
+from ucp.tools.cli import main
 
 PROGRAM = "ucl 1\ntensor emb.weight -> emb.weight\n  split dim 0 over tp\ntensor fc.weight -> fc.weight\n  split dim 1 over tp\n"
 

@@ -2,7 +2,7 @@
 
 The compiler finds the ranks that hold the same pieces as a local tensor by evaluating its rule
 on the other ranks of a dimension, once per distinct value of the rank variables the rule reads
-(:func:`ucl.replicas._rank_names`). The straightforward reference evaluates every rank on its
+(:func:`ucp.ucl.replicas._rank_names`). The straightforward reference evaluates every rank on its
 own: patching ``_rank_names`` to name every rank variable gives each rank its own group. Both
 must compile identical maps (pieces, replicas, key order) on every rank of MoE (``ep > 1``),
 ZeRO-1, tied-embedding, interleaved and context-parallel layouts.
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-import ucl
-import ucl.replicas
-from ucl.bind import local_shapes, spec_for_load, spec_for_save
-from ucl.declared import declared_logical
+from ucp import ucl
+import ucp.ucl.replicas
+from ucp.ucl.bind import local_shapes, spec_for_load, spec_for_save
+from ucp.ucl.declared import declared_logical
 from ucp.layout import Layout
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "compiled_maps.json"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ucl
-import ucl.check
-from ucl.simulate import gather, place, scatter
+from ucp import ucl
+import ucp.ucl.check
+from ucp.ucl.simulate import gather, place, scatter
 from ucp.geometry import Box, FlatRange, split_evenly
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ucl.convert import convert_names, rope_half_to_interleaved, rope_interleaved_to_half
+from ucp.ucl.convert import convert_names, rope_half_to_interleaved, rope_interleaved_to_half
 
 
 def reference_interleaved_to_half(w: torch.Tensor, heads: int) -> torch.Tensor:

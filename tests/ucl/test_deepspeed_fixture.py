@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import ucl
-from ucl.simulate import scatter
+from ucp import ucl
+from ucp.ucl.simulate import scatter
 from ucp.layout import Layout
 from ucp.unpickle import torch_load
 from ucp.spec import LogicalTensor

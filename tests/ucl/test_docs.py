@@ -7,8 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["ucl.bind", "ucl.check", "ucl.env", "ucl.expr", "ucl.flat", "ucl.names", "ucl.parser", "ucl.pattern",
-           "ucl.simulate"]
+MODULES = ["ucp.ucl.bind", "ucp.ucl.check", "ucp.ucl.env", "ucp.ucl.expr", "ucp.ucl.flat", "ucp.ucl.names", "ucp.ucl.parser", "ucp.ucl.pattern",
+           "ucp.ucl.simulate"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -15,9 +15,9 @@ import textwrap
 import pytest
 import torch
 
-import ucl
-from ucl.flat import contiguous_boxes, is_contiguous
-from ucl.simulate import place, scatter
+from ucp import ucl
+from ucp.ucl.flat import contiguous_boxes, is_contiguous
+from ucp.ucl.simulate import place, scatter
 from ucp.geometry import Box
 from ucp.layout import Layout
 
@@ -204,7 +204,8 @@ def test_deepspeed_zero1_transition_is_bitwise_with_one_piece_per_member_share(t
 
 
 MEASURE = textwrap.dedent("""
-    import json, resource, sys, torch, ucl, ucp
+    import json, resource, sys, torch, ucp
+    from ucp import ucl
     from ucp.layout import Layout
     path, program, layout, rank = sys.argv[1], sys.argv[2], Layout.parse(sys.argv[3]), int(sys.argv[4])
     logical = ucp.CheckpointReader(path).logical()

@@ -1,6 +1,6 @@
 """Flat partitions as a few boxes: a contiguous range of an N-d box is at most 2N-1 boxes.
 
-The decomposition (``ucl.flat``) tiles every range exactly, in buffer order; the
+The decomposition (``ucp.ucl.flat``) tiles every range exactly, in buffer order; the
 ``FlatRange <-> Box`` piece kind it makes is validated, spread over replicas, written
 (the fragment is the box) and loaded (the destination's run viewed as the box) by the
 engine, through UCL programs, explicit maps and DTensors alike.
@@ -18,9 +18,9 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
-from ucl.flat import compose, contiguous_boxes, is_contiguous, range_pieces
+from ucp.ucl.flat import compose, contiguous_boxes, is_contiguous, range_pieces
 from ucp.errors import LayoutError
 from ucp.geometry import Box, FlatRange
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec

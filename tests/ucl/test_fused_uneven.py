@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ucl
+from ucp import ucl
 import ucp
 from ucp.errors import LayoutError
 from ucp.spec import LogicalTensor

@@ -9,13 +9,13 @@ from importlib import resources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ucl
-from ucl.errors import UclSyntaxError
-from ucl.parser import parse
+from ucp import ucl
+from ucp.ucl.errors import UclSyntaxError
+from ucp.ucl.parser import parse
 from ucp.errors import UcpError
 from ucp.spec import LogicalTensor
 
-PRESETS = [resources.files("ucl").joinpath("presets", f"{n}.ucl").read_text() for n in ucl.preset_names()]
+PRESETS = [resources.files("ucp.ucl").joinpath("presets", f"{n}.ucl").read_text() for n in ucl.preset_names()]
 TOKENS = ["ucl 1", "param", "setting", "let", "require", "else", "tensor", "flat", "also", "view", "->", "=", "{i}",
           "{v?}", "{s:states}", "{name*}", "{i + 1}", "split", "dim", "0", "1", "over", "tp", "dp", "pad", "to",
           "multiple", "of", "size", "shape", "[", "]", "[n, 2]", "fuse", "groups", "part", "weight", "where",

@@ -6,8 +6,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ucl.flat import flat_layout
-from ucl.simulate import gather, place
+from ucp.ucl.flat import flat_layout
+from ucp.ucl.simulate import gather, place
 
 shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 

@@ -15,9 +15,9 @@ import re
 import pytest
 import torch
 
-import ucl
-import ucl.check
-from ucl.simulate import gather, place
+from ucp import ucl
+import ucp.ucl.check
+from ucp.ucl.simulate import gather, place
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor
 

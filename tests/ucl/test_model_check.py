@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tools.cli import main
-from ucl.model_check import check_model, hf_config, model_from_factory
+from ucp.tools.cli import main
+from ucp.ucl.model_check import check_model, hf_config, model_from_factory
 
 # A two-layer tensor-parallel block as Megatron writes one: the factory builds the whole model, or
 # (given layout and rank) the shard that rank holds.
@@ -97,7 +97,7 @@ def test_hf_llama_against_a_transformers_model(llama_config, tmp_path, capsys):
     assert "covers every element of 21 logical tensors exactly once on tp=2,dp=2" in capsys.readouterr().out
     from importlib import resources
 
-    text = resources.files("ucl").joinpath("presets", "hf-llama.ucl").read_text()
+    text = resources.files("ucp.ucl").joinpath("presets", "hf-llama.ucl").read_text()
     wrong = tmp_path / "wrong-llama.ucl"  # o_proj is row parallel in the tp_plan
     wrong.write_text(text.replace("self_attn.o_proj.weight\n  where i < num_hidden_layers\n  split dim 1",
                                   "self_attn.o_proj.weight\n  where i < num_hidden_layers\n  split dim 0"))

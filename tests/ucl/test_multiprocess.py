@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
-import ucl
-from ucl.simulate import place, scatter
+from ucp.integrations.launch import free_port
+from ucp import ucl
+from ucp.ucl.simulate import place, scatter
 from ucp.layout import Layout
 
 PROGRAM = """ucl 1

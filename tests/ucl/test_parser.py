@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import ucl
-from ucl.errors import UclSyntaxError
-from ucl.parser import parse
+from ucp import ucl
+from ucp.ucl.errors import UclSyntaxError
+from ucp.ucl.parser import parse
 from ucp.errors import UcpError
 
 

@@ -10,9 +10,9 @@ import pathlib
 import pytest
 import torch
 
-import ucl
+from ucp import ucl
 import ucp
-from ucl.errors import ProgramMismatchError, UclError
+from ucp.ucl.errors import ProgramMismatchError, UclError
 from ucp.errors import LayoutError, ManifestError
 from ucp.manifest import Manifest
 from ucp.programs import ProgramRecord
@@ -83,7 +83,7 @@ def test_a_given_program_must_agree_with_the_saved_one(tmp_path, models):
     params = dict(num_layers=2, hidden_size=8, ffn_hidden_size=8, heads=4, kv_heads=4, vocab_size=50,
                   vocab_multiple=4, states=())
     tensors = models.megatron(layers=2, hidden=8, heads=4, kv_heads=4, vocab=50, ffn=8, states=())
-    from ucl.simulate import place
+    from ucp.ucl.simulate import place
 
     path = str(tmp_path / "ckpt")
     prog = ucl.load_program("megatron-gpt", **params)
@@ -161,7 +161,7 @@ def test_a_damaged_program_field_is_a_manifest_error(tmp_path, value, message):
 
 
 def test_the_checker_uses_and_checks_the_checkpoints_program(tmp_path, capsys):
-    from tools.cli import main
+    from ucp.tools.cli import main
 
     path = str(tmp_path / "ckpt")
     _save_tp2(path, ucl.load_program(SPLIT, n=3))

@@ -1,6 +1,6 @@
 """The scale simulator plans exactly the fragments the writer records, and runs end to end on a tiny model.
 
-``ucp.fragment_plan.planned_fragments`` is what ``tools/bench/scale_sim.py`` counts at 16,384
+``ucp.fragment_plan.planned_fragments`` is what ``ucp/tools/bench/scale_sim.py`` counts at 16,384
 ranks; here a real save (zero=1 flat buffers, replicated weights spread over dp, packs or not)
 is compared with it, fragment by fragment.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-import ucl
+from ucp import ucl
 import ucp
 import ucp.stores
 import ucp.write_units
 import ucp.writer
-from tools.bench import scale_sim
-from ucl.simulate import place
+from ucp.tools.bench import scale_sim
+from ucp.ucl.simulate import place
 from ucp.fragment_plan import planned_fragments
 from ucp.layout import Layout
 from ucp.metadata_shards import GroupPlan

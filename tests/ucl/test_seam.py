@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ucl
+from ucp import ucl
 import ucp
 from ucp.errors import LayoutError
 from ucp.geometry import Box, FlatRange

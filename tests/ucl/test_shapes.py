@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-import ucl
+from ucp import ucl
 import ucp
-from tools.cli import main
-from ucl.errors import DeclaredShapeError
+from ucp.tools.cli import main
+from ucp.ucl.errors import DeclaredShapeError
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 from tests.ucp.test_distributed_failures import _expect
 from ucp.agreement import Agreement, Failure, agree, first_failure

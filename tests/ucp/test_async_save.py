@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from fsspec.implementations.memory import MemoryFileSystem
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 import ucp.async_saver
 import ucp.state

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ucp
-from integrations.launch import run
+from ucp.integrations.launch import run
 
 
 def _mlp(seed: int) -> torch.nn.Module:

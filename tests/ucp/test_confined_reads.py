@@ -16,7 +16,7 @@ import torch
 import ucp
 import ucp.manifest
 from ucp.stores import LocalStore, StoreOptions
-from tools.cli import main as ucp_main
+from ucp.tools.cli import main as ucp_main
 
 W = torch.arange(48.0).view(12, 4)
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 from ucp.geometry import Box
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec

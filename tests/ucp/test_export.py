@@ -124,7 +124,7 @@ def test_missing_program_parameters_are_all_named_with_a_flag_that_exists(traine
 
 
 def test_cli_export_checks_itself_and_reports_what_it_left_out(trained, tmp_path, capsys):
-    from tools.cli import main
+    from ucp.tools.cli import main
 
     root, _ = trained
     code = main(["convert", str(root / "ckpt"), str(tmp_path / "e"), "--to", "safetensors", "--only", "ema",

@@ -108,7 +108,7 @@ def _replace(path, old: str, new: str) -> None:
 ], ids=["1e400", "5000-digits", "nan", "2**100", "string-int", "float-int", "negative-dim", "world-0",
         "layout-str", "layout-0", "layout-unknown", "layout-list", "states-rank", "region-kind"])
 def test_hostile_values_are_manifest_errors_naming_the_field(checkpoint, capsys, old, new, message):
-    from tools.cli import main as ucp_main
+    from ucp.tools.cli import main as ucp_main
 
     text = json.dumps(json.loads((checkpoint / "manifest.json").read_text()), separators=(", ", ": "))
     (checkpoint / "manifest.json").write_text(text)
@@ -147,7 +147,7 @@ def _save_two_ranks(path, **split):
     ({"flat": True}, {"flat": {"start": 6, "stop": 14}}, "flat[6:14]"),  # elements 6-7 twice, 14-15 never
 ], ids=["boxes", "flat-ranges"])
 def test_overlapping_fragments_that_leave_a_gap_are_refused(tmp_path, capsys, split, region, shown):
-    from tools.cli import main as ucp_main
+    from ucp.tools.cli import main as ucp_main
 
     path = tmp_path / "c"
     _save_two_ranks(path, **split)

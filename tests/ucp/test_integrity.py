@@ -10,7 +10,7 @@ import torch
 
 import ucp
 from ucp.stores import StoreOptions
-from tools.cli import main as ucp_main
+from ucp.tools.cli import main as ucp_main
 
 
 # Each I/O path as the options that pick it: small fragments packed (the default), one-chunk arrays

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 from ucp.errors import AsyncSaveError
 from ucp.manager import CheckpointManager, SaveRecord, step_dirname

@@ -13,7 +13,7 @@ import torch
 
 import ucp
 from ucp.formats.base import Format, _REGISTRY
-from tools.cli import main as ucp_main
+from ucp.tools.cli import main as ucp_main
 
 
 def _fake_reader(path, **_):

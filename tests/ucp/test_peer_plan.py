@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ucp.geometry import Box, FlatRange, region_pieces
 from ucp.peer_plan import HeldFragment, plan_sources, subtract
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from replication.hot_reshard import local_view
+from ucp.replication.hot_reshard import local_view
 
 SHAPE = (6, 4)
 

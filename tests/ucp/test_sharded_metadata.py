@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 from ucp.commit import find_manifest, read_manifest
 from ucp.coverage_weight import PRIME, CoverageWeights

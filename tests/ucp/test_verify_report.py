@@ -11,7 +11,7 @@ import torch
 
 import ucp
 from ucp.stores import StoreOptions
-from tools.cli import main as ucp_main
+from ucp.tools.cli import main as ucp_main
 
 STATE = {"a": torch.arange(12.0).view(3, 4), "b": torch.ones(5, dtype=torch.int64), "c": torch.zeros(2, 2),
          "d": torch.full((4,), 7, dtype=torch.int16), "step": 3}

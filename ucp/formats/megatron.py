@@ -86,7 +86,7 @@ class MegatronReader:
     format = "megatron"
 
     def __init__(self, path: str | os.PathLike, *, program: Any = None) -> None:
-        import ucl
+        from ucp import ucl
 
         self.path = os.fspath(path)
         self.iter_dir = _iteration_dir(self.path)
@@ -168,7 +168,7 @@ class MegatronReader:
         return out
 
     def _map_rank(self, rank: int) -> None:
-        import ucl
+        from ucp import ucl
 
         local = self._local(rank)
         has_fp32 = any(k.startswith("optim/fp32/") for k in local)

@@ -153,7 +153,7 @@ class UcpWriter:
         logical = {t.name: LogicalTensor(t.name, tuple(t.shape), t.dtype) for t in tensors}
         bound = None
         if program is not None:
-            from ucl.bind import load_program
+            from ucp.ucl.bind import load_program
 
             bound = load_program(program)  # text, a .ucl path, a preset name or reference
         tilings = _layout_tilings(bound, lay, logical) if bound is not None else {}
@@ -218,7 +218,7 @@ def _layout_tilings(program: Any, layout: Layout, logical: dict[str, LogicalTens
     Checks the program against the tensors (a program that does not fit them is an error, not a guess);
     tensors whose shards are flat ranges or overlap keep one fragment per block.
     """
-    from ucl.bind import spec_for_load
+    from ucp.ucl.bind import spec_for_load
 
     regions: dict[str, set] = {}
     for rank in range(layout.world_size):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from integrations.llama.config import ConfigError, LlamaConfig
-from integrations.llama.data import SyntheticCorpus, chunk_of, local_batch, rows_of
-from integrations.llama.model import (LlamaModel, causal_attention, init_weights, keep_stage, logical_shapes, route,
+from ucp.integrations.llama.config import ConfigError, LlamaConfig
+from ucp.integrations.llama.data import SyntheticCorpus, chunk_of, local_batch, rows_of
+from ucp.integrations.llama.model import (LlamaModel, causal_attention, init_weights, keep_stage, logical_shapes, route,
                                       stage_layers)
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ucl
-from integrations.llama.config import LlamaConfig
-from integrations.llama.model import LlamaModel, init_weights
-from integrations.megatron.layers import padded_vocab, vocab_parallel_cross_entropy
-from integrations.megatron.sharding import local_shards, shards_from_logical
+from ucp import ucl
+from ucp.integrations.llama.config import LlamaConfig
+from ucp.integrations.llama.model import LlamaModel, init_weights
+from ucp.integrations.megatron.layers import padded_vocab, vocab_parallel_cross_entropy
+from ucp.integrations.megatron.sharding import local_shards, shards_from_logical
 from ucp.layout import Layout
 
 CASES = [

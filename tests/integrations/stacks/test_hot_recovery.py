@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from integrations.stacks.common import TrainSettings
-from integrations.stacks.hot import HotPlan, run_hot
-from integrations.stacks.transition import reference_run
+from ucp.integrations.stacks.common import TrainSettings
+from ucp.integrations.stacks.hot import HotPlan, run_hot
+from ucp.integrations.stacks.transition import reference_run
 
 
 def _check(report, steps: int) -> None:

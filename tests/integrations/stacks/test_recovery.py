@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from integrations.stacks.common import TrainSettings
-from integrations.stacks.recovery import FailurePlan, run_with_failure
-from integrations.stacks.transition import reference_run
+from ucp.integrations.stacks.common import TrainSettings
+from ucp.integrations.stacks.recovery import FailurePlan, run_with_failure
+from ucp.integrations.stacks.transition import reference_run
 
 CASES = [
     ("megatron", "tp=2,pp=2", "dp=3,zero=1", "ucp"),

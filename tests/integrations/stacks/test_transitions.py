@@ -13,8 +13,8 @@ import functools
 
 import pytest
 
-from integrations.stacks.common import TrainSettings
-from integrations.stacks.transition import Transition, reference_run, run_transition
+from ucp.integrations.stacks.common import TrainSettings
+from ucp.integrations.stacks.transition import Transition, reference_run, run_transition
 
 MOE = "num_experts=4"
 

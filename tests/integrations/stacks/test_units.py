@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from integrations.launch import WorkerFailed, run
-from integrations.llama.config import ConfigError, LlamaConfig
-from integrations.stacks.common import Progress, TrainSettings, assemble, master_name
-from integrations.stacks.jobs import build_trainer
-from integrations.stacks.transition import compare_snapshots
+from ucp.integrations.launch import WorkerFailed, run
+from ucp.integrations.llama.config import ConfigError, LlamaConfig
+from ucp.integrations.stacks.common import Progress, TrainSettings, assemble, master_name
+from ucp.integrations.stacks.jobs import build_trainer
+from ucp.integrations.stacks.transition import compare_snapshots
 from ucp.errors import LayoutError
 from ucp.geometry import Box
 
@@ -113,9 +113,9 @@ def test_compare_snapshots_is_bitwise_and_accepts_parameters_as_masters():
 
 def _strided_boxes(ctx):
     """FSDP2 over TP shards with _StridedShard; each local shard must sit where dtensor_box says."""
-    from integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh
-    from integrations.llama.model import LlamaModel, init_weights
-    from integrations.stacks.fragments import dtensor_box
+    from ucp.integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh
+    from ucp.integrations.llama.model import LlamaModel, init_weights
+    from ucp.integrations.stacks.fragments import dtensor_box
     from ucp.layout import Layout
 
     layout = Layout.parse("tp=2,dp=2")

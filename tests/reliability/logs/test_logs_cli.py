@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.cli import main
+from ucp.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 LOGHUB = ROOT / ".." / "shared" / "data" / "loghub"
@@ -90,9 +90,9 @@ def test_bad_taxonomy_is_exit_2(tmp_path, capsys):
 
 
 def test_help_and_no_torch_import():
-    code = ("import sys; from tools.cli import main\n"
+    code = ("import sys; from ucp.tools.cli import main\n"
             "try:\n    main(['logs', 'analyze', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "import reliability.logs.analyze, reliability.logs.report_html, reliability.logs.report_terminal\n"
+            "import ucp.reliability.logs.analyze, ucp.reliability.logs.report_html, ucp.reliability.logs.report_terminal\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability.logs.analyze import AnalysisOptions, analyze_logs
-from reliability.logs.detect import FEATURES, Detector, TemplateStats, failure_phrase, is_dump, line_evidence
-from reliability.logs.discover import FlaggedTemplate, discover_categories
-from reliability.logs.header import CRITICAL, ERROR, INFO, WARNING, split_header
-from reliability.logs.masking import template_tokens
-from reliability.logs.miner import TemplateMiner, group_sequences
-from reliability.logs.taxonomy import load_taxonomy
-from reliability.logs.template_state import TemplateSet
+from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs
+from ucp.reliability.logs.detect import FEATURES, Detector, TemplateStats, failure_phrase, is_dump, line_evidence
+from ucp.reliability.logs.discover import FlaggedTemplate, discover_categories
+from ucp.reliability.logs.header import CRITICAL, ERROR, INFO, WARNING, split_header
+from ucp.reliability.logs.masking import template_tokens
+from ucp.reliability.logs.miner import TemplateMiner, group_sequences
+from ucp.reliability.logs.taxonomy import load_taxonomy
+from ucp.reliability.logs.template_state import TemplateSet
 
 
 @pytest.mark.parametrize("message, severity, content", [

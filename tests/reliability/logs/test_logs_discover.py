@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from reliability.logs.analyze import analyze_logs
-from reliability.logs.detect import FEATURES, Detector
-from reliability.logs.discover import (FlaggedTemplate, Grouping, chance_co_occurrence, co_occurrence,
+from ucp.reliability.logs.analyze import analyze_logs
+from ucp.reliability.logs.detect import FEATURES, Detector
+from ucp.reliability.logs.discover import (FlaggedTemplate, Grouping, chance_co_occurrence, co_occurrence,
                                        discover_categories)
 
 

@@ -12,6 +12,6 @@ MODULES = ["header", "masking", "detect", "discover", "inputs", "readers", "scan
 
 @pytest.mark.parametrize("name", MODULES)
 def test_doctests(name):
-    module = importlib.import_module(f"reliability.logs.{name}")
+    module = importlib.import_module(f"ucp.reliability.logs.{name}")
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from reliability.logs.envelope import learn_envelope, learn_json
-from reliability.logs.errors import LogInputError
-from reliability.logs.header import split_header
-from reliability.logs.inputs import expand_paths
-from reliability.logs.miner import group_sequences
-from reliability.logs.readers import LineReader
-from reliability.logs.stamps import learn_layout
-from reliability.logs.templates import parse_templates
+from ucp.reliability.logs.envelope import learn_envelope, learn_json
+from ucp.reliability.logs.errors import LogInputError
+from ucp.reliability.logs.header import split_header
+from ucp.reliability.logs.inputs import expand_paths
+from ucp.reliability.logs.miner import group_sequences
+from ucp.reliability.logs.readers import LineReader
+from ucp.reliability.logs.stamps import learn_layout
+from ucp.reliability.logs.templates import parse_templates
 
 MESSAGES = ["session opened for user root", "session closed for user root", "Accepted password for alice",
             "Failed password for invalid user bob", "Connection closed by 10.0.0.%d", "disk sda%d failed"]
@@ -159,7 +159,7 @@ def test_a_binary_file_is_refused_not_analyzed(tmp_path):
 
 
 def test_the_cli_refuses_a_binary_file_with_exit_2(tmp_path, capsys):
-    from tools.cli import main
+    from ucp.tools.cli import main
 
     path = tmp_path / "model.pt"
     path.write_bytes(b"\x80\x04\x95" + b"\x00" * 200)

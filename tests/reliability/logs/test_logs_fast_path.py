@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reliability.logs.inputs as inputs
-from reliability.logs.inputs import iter_lines, shape_key
-from reliability.logs.masking import mask
-from reliability.logs.readers import LineReader
-from reliability.logs.records import InputCounters
-from reliability.logs.scan import Partition, judge_key, scan_partition
-from reliability.logs.taxonomy import load_taxonomy
+import ucp.reliability.logs.inputs as inputs
+from ucp.reliability.logs.inputs import iter_lines, shape_key
+from ucp.reliability.logs.masking import mask
+from ucp.reliability.logs.readers import LineReader
+from ucp.reliability.logs.records import InputCounters
+from ucp.reliability.logs.scan import Partition, judge_key, scan_partition
+from ucp.reliability.logs.taxonomy import load_taxonomy
 
 LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghub"
 

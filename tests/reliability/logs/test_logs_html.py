@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reliability.logs.analyze import AnalysisOptions, analyze_logs
-from reliability.logs.report_html import render_html, write_html
+from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs
+from ucp.reliability.logs.report_html import render_html, write_html
 
 LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghub"
 # Flags from the environment notes: no sandbox (root in a container), no GPU, no network chatter.

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from reliability.logs.incidents import build_incidents, lemon_nodes
-from reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
-from reliability.logs.records import Event
-from reliability.logs.taxonomy import load_taxonomy
+from ucp.reliability.logs.incidents import build_incidents, lemon_nodes
+from ucp.reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
+from ucp.reliability.logs.records import Event
+from ucp.reliability.logs.taxonomy import load_taxonomy
 
 T0 = 1_717_000_000.0
 
@@ -128,7 +128,7 @@ def test_a_long_storm_does_not_fold_unrelated_failures_of_its_node(taxonomy):
 
 
 def test_the_operator_reads_incidents_first_and_a_recurring_root_ranks_below_a_new_one(taxonomy):
-    from reliability.logs.report_terminal import ranked_incidents
+    from ucp.reliability.logs.report_terminal import ranked_incidents
 
     storms = [_ev(T0 + 3600 * k, "admin1", "infra/discovered/got-not-answer", line=k) for k in range(5)]
     news = [_ev(T0 + 3600 * 6, "gpu-a07", "hardware/gpu/xid-79", line=99)]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reliability.logs.analyze import AnalysisOptions, analyze_logs
-from reliability.logs.parallel import choose_workers, dask_runner
-from reliability.logs.scan import Partition, plan_partitions
+from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs
+from ucp.reliability.logs.parallel import choose_workers, dask_runner
+from ucp.reliability.logs.scan import Partition, plan_partitions
 
 LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghub"
 
@@ -68,7 +68,7 @@ def test_worker_choice():
 def test_unreachable_scheduler_is_a_clear_error(tmp_path):
     path = tmp_path / "a.log"
     path.write_text("Jun  3 10:00:00 n1 kernel: ok\n")
-    from reliability.logs.errors import LogInputError
+    from ucp.reliability.logs.errors import LogInputError
 
     with pytest.raises(LogInputError, match=r"cannot reach the Dask scheduler 'tcp://127.0.0.1:9'"):
         analyze_logs([str(path)], run=dask_runner(scheduler="tcp://127.0.0.1:9"))

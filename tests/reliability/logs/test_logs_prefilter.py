@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability.logs.prefilter import RuleSet, required_literals
-from reliability.logs.taxonomy import load_taxonomy
+from ucp.reliability.logs.prefilter import RuleSet, required_literals
+from ucp.reliability.logs.taxonomy import load_taxonomy
 
 TAXONOMY = load_taxonomy()
 RULES = RuleSet.of(TAXONOMY.rules)

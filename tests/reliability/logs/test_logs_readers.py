@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from reliability.logs.errors import LogInputError
-from reliability.logs.inputs import MAX_LINE_BYTES, iter_lines
-from reliability.logs.readers import LineReader, parse_lines
-from reliability.logs.records import InputCounters
+from ucp.reliability.logs.errors import LogInputError
+from ucp.reliability.logs.inputs import MAX_LINE_BYTES, iter_lines
+from ucp.reliability.logs.readers import LineReader, parse_lines
+from ucp.reliability.logs.records import InputCounters
 
 LOGHUB = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "loghub"
 

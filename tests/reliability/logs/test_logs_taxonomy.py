@@ -9,13 +9,13 @@ import zlib
 import numpy as np
 import pytest
 
-from reliability.logs.classifier import TemplateClassifier
-from reliability.logs.errors import TaxonomyError, TemplateStateError
-from reliability.logs.header import split_header
-from reliability.logs.masking import mask, template_tokens
-from reliability.logs.miner import TemplateMiner
-from reliability.logs.taxonomy import load_taxonomy
-from reliability.logs.template_state import TemplateSet
+from ucp.reliability.logs.classifier import TemplateClassifier
+from ucp.reliability.logs.errors import TaxonomyError, TemplateStateError
+from ucp.reliability.logs.header import split_header
+from ucp.reliability.logs.masking import mask, template_tokens
+from ucp.reliability.logs.miner import TemplateMiner
+from ucp.reliability.logs.taxonomy import load_taxonomy
+from ucp.reliability.logs.template_state import TemplateSet
 
 
 @pytest.fixture(scope="module")

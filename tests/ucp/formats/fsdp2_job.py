@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 
 
 class Tiny(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ucl
+from ucp import ucl
 from tests.ucp.formats.deepspeed_helpers import OURS
 from ucp.formats import get_format
 from ucp.spec import LogicalTensor

@@ -2,7 +2,7 @@
 
 One small case (ZeRO-2, bf16 weights with fp32 masters, two param groups, a
 frozen parameter, buffers, a tied embedding, dp=2, torch's AdamW: nothing to
-compile) is generated afresh by tools/fixtures/gen_deepspeed.py, converted by
+compile) is generated afresh by ucp/tools/fixtures/gen_deepspeed.py, converted by
 our reader and ``deepspeed-universal`` writer, compared with DeepSpeed's own
 ``ds_to_universal`` output, and loaded by a fresh DeepSpeed engine with
 ``"checkpoint": {"load_universal": true}``: its fp32 partitions, Adam moments,
@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from integrations.launch import WITH_DEEPSPEED, run
+from ucp.integrations.launch import WITH_DEEPSPEED, run
 from tests.ucp.formats.deepspeed_helpers import convert
 from ucp.formats.deepspeed_pt import load_pt
 
@@ -33,7 +33,7 @@ def _load_worker(ctx, case, root: str, out: str) -> None:
     import deepspeed.ops
     import torch.distributed as dist
 
-    from tools.fixtures.gen_deepspeed import _build, _config, _param_groups
+    from ucp.tools.fixtures.gen_deepspeed import _build, _config, _param_groups
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=120))  # joins the launcher's group
@@ -57,7 +57,7 @@ def _load_worker(ctx, case, root: str, out: str) -> None:
 
 
 def test_deepspeed_loads_our_universal_checkpoint(tmp_path):
-    from tools.fixtures.gen_deepspeed import CASES, generate
+    from ucp.tools.fixtures.gen_deepspeed import CASES, generate
 
     case = CASES["zero2-bf16-dp2"]
     root = generate(case, str(tmp_path), universal=True)

@@ -1,6 +1,6 @@
 """The deepspeed-zero and deepspeed-pipeline readers against real DeepSpeed checkpoints and DeepSpeed's own tool.
 
-The fixtures (tests/fixtures/deepspeed, made by tools/fixtures/gen_deepspeed.py,
+The fixtures (tests/fixtures/deepspeed, made by ucp/tools/fixtures/gen_deepspeed.py,
 and ../shared/fixtures/deepspeed) were written by real DeepSpeed on gloo; beside
 each lies DeepSpeed's ``ds_to_universal`` output, the whole fp32 / exp_avg /
 exp_avg_sq of every parameter. Reading the ZeRO partitions must give exactly

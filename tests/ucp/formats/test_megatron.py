@@ -1,6 +1,6 @@
 """The megatron reader merges Megatron-LM legacy shards (tp=2 x pp=2 and tp=2) into logical tensors.
 
-The fixtures (tests/fixtures/megatron) are written by tools/fixtures/gen_megatron.py,
+The fixtures (tests/fixtures/megatron) are written by ucp/tools/fixtures/gen_megatron.py,
 which reproduces the files Megatron-LM's checkpointing.py writes (real Megatron needs
 CUDA): sharded from a known logical model, which the reader must give back exactly.
 """

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from integrations.launch import free_port
+from ucp.integrations.launch import free_port
 import ucp
 from ucp.stores import StoreOptions
 

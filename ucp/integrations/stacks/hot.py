@@ -1,0 +1,338 @@
+"""Hot recovery, timed: a rank is SIGKILLed and the survivors go on without restarting.
+
+:func:`run_hot` runs the Megatron-style stack (TP/PP/DP, the distributed optimizer) under
+an :class:`~ucp.integrations.elastic.ElasticAgent`. Every ``save_every`` steps the ranks save a
+universal checkpoint and replicate its arrays into peers' memory
+(:class:`~ucp.replication.replicas.ReplicaManager`: each rank keeps its own arrays and one
+peer holds a copy). After step ``kill_after_step`` (a checkpoint committed) one process
+is SIGKILLed. The survivors' next collective fails; the agent publishes a new generation
+with the layout its planner chose; the survivors (and spares) re-form the process group
+in-process, compute the new layout's fragment maps from the same UCL program, and fill
+them from memory (:func:`ucp.replication.hot_reshard.reshard_from_memory`: own arrays, then
+peers', storage only for what nobody holds). Training goes on from the checkpoint's step.
+
+Recovery time is from the SIGKILL to the start of the first step after it (the first
+step is reported on its own), split into *detect* (the agent sees the death), *re-form*
+(new generation, ranks ready, process group, until every rank is in), *reshard* (plan,
+peer transfers, storage reads, model built and filled, until every rank is through).
+
+    report = run_hot(HotPlan(layout="tp=2,dp=2,zero=1", spares=1), "run/")
+    report.recovery_s, report.bitwise
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ucp.integrations.elastic import ElasticAgent, ElasticContext, RendezvousTimeout
+from ucp.integrations.stacks.common import STATES, TrainSettings
+from ucp.layout import Layout
+
+__all__ = ["HotPlan", "HotReport", "run_hot", "hot_worker"]
+
+
+@dataclass(frozen=True)
+class HotPlan:
+    """What runs, where it fails, and the faults injected while it recovers."""
+
+    layout: str
+    model: str = ""
+    settings: TrainSettings = field(default_factory=TrainSettings)
+    steps: int = 8
+    save_every: int = 3
+    kill_after_step: int = 4
+    kill_uid: int = 1
+    spares: int = 0
+    override: str | None = None       # a layout instead of the planner's choice
+    second_kill_uid: int | None = None  # SIGKILLed while the first new generation reshards (after it formed)
+    corrupt_uid: int | None = None      # this process's held replicas are corrupted after the last save
+    verify: bool = True                 # compare every logical tensor with the checkpoint (not timed)
+    round_bytes: int = 64 << 20
+    memory_bytes: int = 16 << 30
+    collective_timeout_s: float = 30.0
+    hang_timeout_s: float = 60.0
+    cold_cache: bool = False  # drop the checkpoints from the page cache just before the kill
+    hang: bool = False        # SIGSTOP instead of SIGKILL: the agent's heartbeat watchdog must find it
+
+    def __post_init__(self) -> None:
+        if not self.save_every <= self.kill_after_step < self.steps:
+            raise ValueError(f"kill_after_step ({self.kill_after_step}) must be at least save_every "
+                             f"({self.save_every}) and below steps ({self.steps})")
+
+
+@dataclass
+class HotReport:
+    plan: HotPlan
+    losses: dict[int, float] = field(default_factory=dict)
+    killed_at_step: int = 0
+    resumed_from: int = 0
+    layout_after: str = ""
+    why: str = ""
+    generations: int = 0
+    detect_s: float = 0.0
+    reform_s: float = 0.0
+    reshard_s: float = 0.0
+    recovery_s: float = 0.0
+    first_step_s: float = 0.0
+    elements: dict[str, int] = field(default_factory=dict)  # own / peer / storage, summed over ranks
+    peer_bytes: int = 0
+    corrupt: list[str] = field(default_factory=list)
+    verified_tensors: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    rng_ok: bool = False
+
+    @property
+    def lost_steps(self) -> int:
+        return self.killed_at_step - self.resumed_from
+
+    @property
+    def bitwise(self) -> bool:
+        return self.verified_tensors > 0 and not self.mismatches and self.rng_ok
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _recover(ctx: ElasticContext, plan: HotPlan, tiers) -> Any:
+    """Fill this rank's state under the new layout from memory; None for a rank left idle."""
+    import torch
+    import torch.distributed as dist
+
+    from ucp import ucl
+    from ucp.integrations.llama.config import LlamaConfig
+    from ucp.integrations.megatron.trainer import megatron_program
+    from ucp.integrations.stacks.jobs import build_trainer
+    from ucp.replication.hot_reshard import reshard_from_memory
+    from ucp.spec import FragmentMap
+
+    m = ctx.membership
+    cfg = LlamaConfig.parse(plan.model)
+    masters: list[bool] = []
+
+    def make_target(logical: dict):
+        if not m.training:
+            return FragmentMap(rank=m.rank, logical={}), {}
+        masters.append(any(name.endswith("/fp32") for name in logical))
+        states = ("fp32", *STATES) if masters[0] else STATES
+        fmap = ucl.spec_for_load(megatron_program(cfg, states), m.layout, m.rank, logical)
+        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+        return fmap, into
+
+    began = time.perf_counter()
+    tree, into, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes)
+    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
+               "path": report.path, "step": int(tree["step"]),
+               "seconds": {"plan": report.plan_s, "transfer": report.transfer_s, "storage": report.storage_s}}
+    if m.active < m.world:  # idle ranks leave; the training ones form their own group
+        if not m.training:
+            ctx.emit("idle", summary=summary)
+            ctx.leave()
+            return None, None
+        ctx.form("train", world=m.active)
+    resharded = time.perf_counter()
+    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
+    trainer.load_tensors(into, tree, has_masters=masters[0])
+    summary["seconds"] |= {"reshard": resharded - began, "build": time.perf_counter() - resharded}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, summary)
+    if m.rank == 0:
+        ctx.emit("recovered", t=time.monotonic(), step=trainer.progress.step, layout=str(m.layout),
+                 ranks=everyone)
+    return trainer, report.path
+
+
+def _verify(ctx: ElasticContext, trainer, path: str, tree_rng: str | None, rng_before: str) -> None:
+    """Every logical tensor the new layout holds against the checkpoint's, bit for bit (rank 0 reports)."""
+    import ucp
+    from ucp.integrations.stacks.transition import compare_snapshots
+
+    import torch.distributed as dist
+
+    snapshot = trainer.logical_snapshot()  # a collective
+    flags: list = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, tree_rng is None or tree_rng == rng_before)
+    if ctx.rank != 0:
+        return
+    saved = {n: ucp.read_tensor(path, n).numpy() for n in ucp.CheckpointReader(path).logical()}
+    loaded = {n: t.float().numpy() for n, t in snapshot.items()}
+    ctx.emit("verified", tensors=len(loaded), mismatches=compare_snapshots(saved, loaded), rng_ok=all(flags))
+
+
+def _rng_digest_of(tree: dict, rank: int) -> str | None:
+    """The digest of the RNG state the tree saved for ``rank`` (None: the tree is another rank's)."""
+    import base64
+    import hashlib
+
+    rng = tree.get("rng") or {}
+    if rng.get("rank") != rank:
+        return None
+    return hashlib.sha256(base64.b64decode(rng["torch"])).hexdigest()[:16]
+
+
+def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, recovered_from: str | None) -> dict:
+    import torch.distributed as dist
+
+    from ucp.integrations.stacks.jobs import rng_digest
+    from ucp.replication.replicas import ReplicaManager
+    from ucp.manager import CheckpointManager
+    from ucp.policies import EveryNSteps, KeepLast
+
+    _, options = trainer.checkpoint_state()
+    options.pop("process_group")
+    manager = CheckpointManager(directory, save_policy=EveryNSteps(plan.save_every), retention=KeepLast(2),
+                                process_group=dist.group.WORLD, save_options=options,
+                                replicas=ReplicaManager(tiers=tiers, replicas=1, keep=1))
+    if recovered_from and plan.verify:
+        import ucp
+
+        with ucp.CheckpointReader(recovered_from) as reader:
+            tree = reader.manifest.states.get(ctx.rank, {})
+        _verify(ctx, trainer, recovered_from, _rng_digest_of(tree, ctx.rank), rng_digest())
+        dist.barrier()
+        if ctx.rank == 0:
+            ctx.emit("verify_done", t=time.monotonic())
+    while trainer.progress.step < plan.steps:
+        if ctx.rank == 0:
+            ctx.emit("step_start", step=trainer.progress.step + 1, t=time.monotonic())
+        began = time.perf_counter()
+        loss = trainer.train_step()
+        step = trainer.progress.step
+        if ctx.rank == 0:
+            ctx.emit("step", step=step, loss=loss, seconds=time.perf_counter() - began, t=time.monotonic())
+        if step % plan.save_every == 0:
+            began = time.perf_counter()
+            manager.save(step, trainer.checkpoint_state()[0])  # and replicates into peers' memory
+            if ctx.uid == plan.corrupt_uid:
+                for tier in tiers:
+                    for ck in tier.checkpoints():
+                        for key in tier.keys(ck):
+                            tier.corrupt(ck, key)
+            if ctx.rank == 0:
+                ctx.emit("saved", step=step, t=time.monotonic(), seconds=time.perf_counter() - began)
+    return {"final_step": trainer.progress.step}
+
+
+def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str) -> dict:
+    """The body of every process (training rank or spare); see the module doc."""
+    from ucp.integrations.llama.config import LlamaConfig
+    from ucp.integrations.stacks.jobs import build_trainer
+    from ucp.replication.errors import ReplicaError
+    from ucp.replication.replica_tiers import MemoryTier
+
+    tiers = [MemoryTier(capacity_bytes=plan.memory_bytes)]  # survives every re-forming: the point
+    membership = ctx.join(after=-1)
+    error = None
+    while membership is not None:
+        try:
+            ctx.form("all")
+            if membership.generation == 0:
+                trainer = build_trainer("megatron", LlamaConfig.parse(plan.model), membership.layout, plan.settings,
+                                        rank=membership.rank)
+                return _train(ctx, plan, trainer, tiers, directory, None)
+            if membership.rank == 0:
+                ctx.emit("formed", t=time.monotonic(), generation=membership.generation)
+            trainer, path = _recover(ctx, plan, tiers)
+            if trainer is not None:
+                return _train(ctx, plan, trainer, tiers, directory, path)
+        except (RuntimeError, ReplicaError) as err:  # a peer is gone (gloo raises RuntimeError subclasses)
+            error = f"{type(err).__name__}: {str(err)[:300]}"
+            ctx.emit("failure_seen", t=time.monotonic(), error=error)
+            trainer = None
+        ctx.leave()
+        try:
+            membership = ctx.join(after=membership.generation)
+        except RendezvousTimeout as timeout:  # no failure the agent saw: the error was this job's own
+            raise RendezvousTimeout(f"{timeout}; the error that sent it there: {error}") from None
+    return {"idle": True}
+
+
+# --------------------------------------------------------------------------- the agent's side
+
+
+def megatron_check(model: str, settings: TrainSettings) -> Callable[[Layout], None]:
+    """The planner's constraint: the Megatron-style stack's own layout check for this model."""
+    from ucp.integrations.llama.config import LlamaConfig
+    from ucp.integrations.megatron.trainer import MegatronTrainer
+
+    cfg = LlamaConfig.parse(model)
+
+    def check(layout: Layout) -> None:
+        MegatronTrainer._check(cfg, layout, settings)
+        if cfg.layers % layout.pp:
+            raise ValueError(f"pp={layout.pp} must divide the {cfg.layers} layers")
+
+    return check
+
+
+def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[dict], Any] | None = None,
+            timeout_s: float = 600.0) -> HotReport:
+    """Run ``plan`` in ``directory`` (emptied first); see the module doc."""
+    from ucp.integrations.launch import WITH_DEEPSPEED  # noqa: F401 - the fork server's imports are shared
+
+    directory = os.fspath(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    report = HotReport(plan)
+    notify = on_event or (lambda e: None)
+    agent = ElasticAgent(hot_worker, args=(plan, directory), layout=plan.layout, spares=plan.spares,
+                         check=megatron_check(plan.model, plan.settings), override=plan.override,
+                         collective_timeout_s=plan.collective_timeout_s, hang_timeout_s=plan.hang_timeout_s)
+    times: dict[str, float] = {}
+    saved: list[int] = []
+    verify_s = [0.0]
+
+    def watch(event: dict) -> None:
+        notify(event)
+        kind = event["kind"]
+        if kind == "saved":
+            saved.append(event["step"])
+        elif kind == "step":
+            if "kill" in times and "recovered" in times:
+                report.losses[event["step"]] = event["loss"]
+                times.setdefault("first_step_end", event["t"])
+            elif "kill" not in times:
+                report.losses[event["step"]] = event["loss"]
+                report.killed_at_step = event["step"]
+        elif kind == "step_start" and "recovered" in times:
+            times.setdefault("first_step_start", event["t"])
+        elif kind == "detected" and "kill" in times:
+            times.setdefault("detected", event["t"])
+        elif kind == "reformed":
+            report.generations = event["generation"]
+            report.layout_after, report.why = event["layout"], event["why"]
+        elif kind == "formed":
+            times["formed"] = event["t"]  # the last generation's (a second failure re-forms again)
+            if plan.second_kill_uid is not None and event["generation"] == 1:
+                agent.kill(plan.second_kill_uid)  # a second failure while the survivors reshard
+        elif kind == "recovered":
+            times["recovered"] = event["t"]
+            report.resumed_from = event["step"]
+            report.elements = {k: sum(r["elements"][k] for r in event["ranks"]) for k in ("own", "peer", "storage")}
+            report.peer_bytes = sum(r["peer_bytes"] for r in event["ranks"])
+            report.corrupt = sorted({c for r in event["ranks"] for c in r["corrupt"]})
+        elif kind == "verified":
+            report.verified_tensors, report.mismatches = event["tensors"], event["mismatches"]
+            report.rng_ok = event["rng_ok"]
+        elif kind == "verify_done":
+            verify_s[0] = event["t"] - times["recovered"]
+        if kind == "step" and "kill" not in times and event["step"] >= plan.kill_after_step and saved:
+            if plan.cold_cache:  # before the kill: not part of the recovery time
+                from ucp.integrations.page_cache import evict
+
+                evict(directory)
+            times["kill"] = agent.kill(plan.kill_uid, signal.SIGSTOP if plan.hang else signal.SIGKILL)
+            notify({"kind": "killed", "uid": plan.kill_uid, "rank": plan.kill_uid, "step": event["step"],
+                    "t": times["kill"]})
+
+    agent.run(timeout_s=timeout_s, on_event=watch)
+    report.detect_s = times["detected"] - times["kill"]
+    report.reform_s = times["formed"] - times["detected"]
+    report.reshard_s = times["recovered"] - times["formed"]
+    report.recovery_s = times["first_step_start"] - times["kill"] - verify_s[0]
+    report.first_step_s = times["first_step_end"] - times["first_step_start"]
+    return report

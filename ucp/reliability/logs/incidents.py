@@ -1,0 +1,216 @@
+"""Incidents: fold failure events into what actually happened, and flag lemon nodes.
+
+One GPU falling off the bus is followed, minutes later, by every rank's NCCL
+watchdog timing out. Those thousand lines are one incident, and its root cause
+is the GPU fault. Events are walked in time order; an event joins an open
+incident (last event no more than ``window_s`` earlier) that shares its job or
+node, and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
+timeouts) joins the most recent open incident even without a shared job or
+node, because cascades cross nodes. A failure of another category joins its node's
+incident only within ``window_s`` of the incident's start (a storm of one message that
+fires for hours keeps its incident open, but does not swallow what else happens on
+that node). The root cause is the earliest event of the
+most causal kind: non-symptoms before symptoms, then the taxonomy's
+``root_cause_order`` (hardware, infra, user, software), then time.
+
+Example::
+
+    incidents, assignment = build_incidents(events, taxonomy=tax, window_s=900)
+    lemons = lemon_nodes(incidents, nodes_seen=512)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from scipy.stats import poisson
+
+from ucp.reliability.logs.records import Event
+from ucp.reliability.logs.taxonomy import Taxonomy
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure, with the event judged its root cause and the events folded into it."""
+
+    id: int
+    start: float | None
+    end: float | None
+    root_category: str
+    root_node: str | None
+    root_job: str | None
+    root_file: str
+    root_line: int
+    root_message: str
+    fatal: bool
+    event_count: int
+    categories: dict
+    nodes: tuple[str, ...]
+    jobs: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "start": self.start, "end": self.end,
+            "root_cause": {"category": self.root_category, "node": self.root_node, "job": self.root_job,
+                           "file": self.root_file, "line": self.root_line, "message": self.root_message},
+            "fatal": self.fatal, "event_count": self.event_count, "categories": dict(self.categories),
+            "nodes": list(self.nodes), "jobs": list(self.jobs),
+        }
+
+
+@dataclass
+class _Open:
+    """An incident under construction (mutable while events stream in)."""
+
+    events: list = field(default_factory=list)
+    nodes: set = field(default_factory=set)
+    jobs: set = field(default_factory=set)
+    end: float = 0.0
+    symptoms_only: bool = True
+    start: float = 0.0
+    categories: set = field(default_factory=set)
+
+
+
+def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
+                    window_s: float = 900.0) -> tuple[list[Incident], list[int]]:
+    """Incidents over ``events`` and, per event (same order as given), its incident id."""
+    # Time order; untimed events last, by file and line. Keys built in one pass: no call per comparison.
+    keys = [(e.timestamp is None, e.timestamp or 0.0, e.file, e.line) for e in events]
+    order = sorted(range(len(events)), key=keys.__getitem__)
+    groups: list[_Open] = []
+    member: list[int] = [0] * len(events)
+    # O(1) per event: the latest incident per job and per node, the latest
+    # incident overall, and the latest one holding only symptoms.
+    by_job: dict[str, int] = {}
+    by_node: dict[str, int] = {}
+    by_node_category: dict[tuple, int] = {}
+    latest: int | None = None
+    latest_symptomatic: int | None = None
+    untimed_by_file: dict[str, int] = {}
+    symptom_of: dict[str, bool] = {}
+    for i in order:
+        ev = events[i]
+        symptom = symptom_of.get(ev.category)
+        if symptom is None:
+            symptom = symptom_of[ev.category] = taxonomy.is_symptom(ev.category)
+        if ev.timestamp is None:
+            # No clock to fold by: untimed events of one file are one incident.
+            gid = untimed_by_file.get(ev.file)
+            if gid is None:
+                gid = untimed_by_file[ev.file] = len(groups)
+                groups.append(_Open())
+        else:
+            t = ev.timestamp
+            gid = None
+            if ev.job is not None:
+                g = by_job.get(ev.job)
+                if g is not None and t - groups[g].end <= window_s:
+                    gid = g
+            if gid is None and ev.node is not None:
+                g = by_node_category.get((ev.node, ev.category))  # the node's incident of this kind first
+                if g is not None and t - groups[g].end <= window_s:
+                    gid = g
+            if gid is None and ev.node is not None:
+                g = by_node.get(ev.node)
+                # Another kind of failure on the node joins only near the incident's start: a storm of one
+                # message every minute for hours would otherwise fold every later failure of its node.
+                if g is not None and t - groups[g].end <= window_s and (
+                        ev.category in groups[g].categories or t - groups[g].start <= window_s):
+                    gid = g
+            if gid is None:
+                if symptom:
+                    if latest is not None and t - groups[latest].end <= window_s:
+                        gid = latest
+                elif latest_symptomatic is not None and t - groups[latest_symptomatic].end <= window_s \
+                        and groups[latest_symptomatic].symptoms_only:
+                    gid = latest_symptomatic
+            if gid is None:
+                gid = len(groups)
+                groups.append(_Open(end=t, start=t))
+            groups[gid].end = max(groups[gid].end, t)
+            latest = gid
+        grp = groups[gid]
+        grp.events.append(ev)
+        grp.categories.add(ev.category)
+        grp.symptoms_only = grp.symptoms_only and symptom
+        if grp.symptoms_only and ev.timestamp is not None:
+            latest_symptomatic = gid
+        if ev.node is not None:
+            grp.nodes.add(ev.node)
+            if ev.timestamp is not None:
+                by_node[ev.node] = gid
+                by_node_category[ev.node, ev.category] = gid
+        if ev.job is not None:
+            grp.jobs.add(ev.job)
+            if ev.timestamp is not None:
+                by_job[ev.job] = gid
+        member[i] = gid
+    incidents = [_finish(gid, grp, taxonomy) for gid, grp in enumerate(groups)]
+    return incidents, member
+
+
+def _finish(gid: int, grp: _Open, taxonomy: Taxonomy) -> Incident:
+    events = grp.events
+    if len(events) == 1:  # most incidents: skip the ranking and counting
+        root = events[0]
+        start = end = root.timestamp
+        categories = {root.category: 1}
+    else:
+        root = min(events, key=lambda e: (taxonomy.is_symptom(e.category), taxonomy.root_rank(e.category),
+                                          e.timestamp if e.timestamp is not None else math.inf, e.file, e.line))
+        stamps = [e.timestamp for e in events if e.timestamp is not None]
+        start, end = (min(stamps), max(stamps)) if stamps else (None, None)
+        categories = {}
+        for e in events:  # a plain dict: Counter's constructor costs more than this loop here
+            categories[e.category] = categories.get(e.category, 0) + 1
+    return Incident(
+        id=gid, start=start, end=end,
+        root_category=root.category, root_node=root.node, root_job=root.job, root_file=root.file,
+        root_line=root.line, root_message=root.message[:300], fatal=taxonomy.is_fatal(root.category),
+        event_count=len(events), categories=categories,
+        nodes=tuple(grp.nodes) if len(grp.nodes) < 2 else tuple(sorted(grp.nodes)),
+        jobs=tuple(grp.jobs) if len(grp.jobs) < 2 else tuple(sorted(grp.jobs)),
+    )
+
+
+@dataclass(frozen=True)
+class LemonNode:
+    """A node that is the root cause of more incidents than chance explains."""
+
+    node: str
+    incidents: int
+    expected: float
+    p_value: float
+    categories: dict
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "incidents": self.incidents, "expected": self.expected,
+                "p_value": self.p_value, "categories": dict(self.categories)}
+
+
+def lemon_nodes(incidents: list[Incident], *, nodes_seen: int, min_incidents: int = 3,
+                p_threshold: float = 0.01) -> list[LemonNode]:
+    """Repeat offenders: >= ``min_incidents`` root-caused incidents and a Poisson tail p < ``p_threshold``.
+
+    The expectation is the cluster's mean incidents per node; the p-value is
+    P(X >= count) for X ~ Poisson(mean), i.e. how surprising this node's count is.
+    """
+    by_node: dict[str, list[Incident]] = {}
+    for inc in incidents:
+        if inc.root_node is not None:
+            by_node.setdefault(inc.root_node, []).append(inc)
+    total = sum(len(v) for v in by_node.values())
+    mean = total / max(nodes_seen, len(by_node), 1)
+    lemons = []
+    for node, incs in by_node.items():
+        count = len(incs)
+        if count < min_incidents:
+            continue  # most nodes: no need for the (slow, scipy) tail probability
+        p = float(poisson.sf(count - 1, mean)) if mean > 0 else 0.0
+        if p < p_threshold:
+            lemons.append(LemonNode(node=node, incidents=count, expected=mean, p_value=p,
+                                    categories=dict(Counter(i.root_category for i in incs))))
+    return sorted(lemons, key=lambda n: (-n.incidents, n.node))

@@ -1,0 +1,305 @@
+"""Resharding a committed checkpoint from memory into a new layout, peer to peer (collective).
+
+After a failure the survivors hold the last committed checkpoint's arrays in their
+replica tiers (:class:`~ucp.replication.replicas.ReplicaManager` keeps every rank's own
+arrays and places replicas of them on peers). :func:`reshard_from_memory` runs on
+every rank of the re-formed process group:
+
+1. each rank checks the blobs it holds against the replica map's digests (a corrupt
+   copy is dropped with a :class:`~ucp.replication.errors.ReplicaWarning`, never offered);
+2. the ranks agree on the newest checkpoint any of them holds, and each one plans its
+   new state with :func:`ucp.peer_plan.plan_sources`: its own arrays, then peers',
+   then storage for what no survivor holds;
+3. peers send exactly the requested regions (no whole tensors) in rounds of at most
+   ``round_bytes`` (:func:`ucp.replication.replica_transfer.exchange`); the rest is read
+   from the checkpoint, only those regions.
+
+Every read goes through :class:`ucp.reader.CheckpointReader` (over an in-memory store
+for held arrays), so every chunk is checked against the manifest's checksums either way.
+
+    tree, report = reshard_from_memory(tiers, make_target, group=dist.group.WORLD)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ucp.replication.errors import ReplicaError, ReplicaWarning
+from ucp.replication.replica_files import CheckpointFiles, split_blob
+from ucp.replication.replica_map import ReplicaMap
+from ucp.replication.replica_tiers import CheckpointMeta, ReplicaTier
+from ucp.replication.replica_transfer import ROUND_BYTES, Transfer, exchange
+from ucp.checksum import digest
+from ucp.geometry import Box, FlatRange, region_pieces, region_shape
+from ucp.manifest import Manifest
+from ucp.peer_plan import Fetch, HeldFragment, PeerPlan, plan_sources
+from ucp.reader import CheckpointReader
+from ucp.spec import FragmentMap
+from ucp.stores import MemoryStore
+
+__all__ = ["HotLoadReport", "reshard_from_memory", "local_view", "held_arrays"]
+
+
+@dataclass(frozen=True)
+class HotLoadReport:
+    """What one rank's reshard did: the checkpoint, elements by origin, bytes moved, phase seconds."""
+
+    path: str
+    step_tree: Any
+    elements: dict[str, int]   # own / peer / storage
+    sent_bytes: int
+    received_bytes: int
+    corrupt: tuple[str, ...]   # array keys of this rank's copies that failed their digest
+    plan_s: float
+    transfer_s: float
+    storage_s: float
+
+
+def held_arrays(tiers: Sequence[ReplicaTier], checkpoint: str, rmap: ReplicaMap) -> tuple[dict[str, bytes], list[str]]:
+    """The blobs of ``checkpoint`` this rank holds whose digest matches the map, and the keys that did not."""
+    good: dict[str, bytes] = {}
+    bad: list[str] = []
+    for tier in tiers:  # fastest first
+        for key in tier.keys(checkpoint):
+            if key in good or key not in rmap.arrays:
+                continue
+            blob = tier.get(checkpoint, key)
+            if blob is not None and digest(blob) == rmap.arrays[key].digest:
+                good[key] = blob
+            else:
+                bad.append(key)
+                tier.discard(checkpoint, key)  # never offered again
+    for key in bad:
+        warnings.warn(f"replica of array {key!r} of {rmap.path} fails its checksum; it is dropped and the "
+                      "region is taken from another copy or from storage", ReplicaWarning, stacklevel=3)
+    return good, sorted(set(bad) - set(good))
+
+
+class _MemoryCheckpoint:
+    """The held arrays of one checkpoint as a readable checkpoint (an in-memory store).
+
+    Regions are served from whole fragments read once (checked against their checksums) and
+    kept while they are asked for, up to ``cache_bytes``.
+    """
+
+    def __init__(self, manifest: Manifest, rmap: ReplicaMap, blobs: dict[str, bytes], *,
+                 cache_bytes: int = 256 << 20) -> None:
+        self.url = f"memory://ucp-hot-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.store = MemoryStore(self.url)
+        for key, blob in blobs.items():
+            for name, data in split_blob(rmap.arrays[key], blob):
+                self.store.write_bytes(f"data/{key}/{name}", bytes(data))
+        self.manifest = manifest
+        self.reader = CheckpointReader(self.url, opened=(self.store, manifest))
+        self.cache: OrderedDict[tuple[str, int], torch.Tensor] = OrderedDict()
+        self.cache_bytes = cache_bytes
+
+    def read(self, logical: str, index: int, box: Box) -> torch.Tensor:
+        """``box`` (inside fragment ``index`` of ``logical``, an array this rank holds)."""
+        entry = self.manifest.tensors[logical]
+        frag = entry.fragments[index]
+        data = self.cache.get((logical, index))
+        if data is None:
+            data = self.reader.read_fragment(logical, frag)
+            self.cache[(logical, index)] = data
+            held = sum(t.nbytes for t in self.cache.values())
+            while held > self.cache_bytes and len(self.cache) > 1:
+                held -= self.cache.popitem(last=False)[1].nbytes
+        if isinstance(frag.region, Box):
+            return data[box.relative_to(frag.region).slices()] if box.ndim else data
+        piece = next(p for p in region_pieces(frag.region, entry.shape) if p.box.contains(box))
+        return data.view(-1)[piece.span.start:piece.span.stop].view(piece.box.sizes)[box.relative_to(piece.box).slices()]
+
+    def close(self) -> None:
+        self.cache.clear()
+        self.reader.close()
+        try:
+            self.store.fs.rm(self.store.root, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def local_view(tensor: torch.Tensor, fmap: FragmentMap, fetch: Fetch) -> torch.Tensor:
+    """The view of ``tensor`` (local tensor ``fetch.dest_key``) that holds ``fetch.overlap``.
+
+    The reader's rule: a local box holds the target box; a local flat run holds the target's
+    storage (1-d for a flat range, the box's sizes for a box), where ``fetch.dst`` is the run.
+    """
+    piece = fmap.tensors[fetch.dest_key].pieces[fetch.piece]
+    local, target = piece.local, piece.target
+    if isinstance(local, Box):
+        storage = tensor[local.slices()] if local.ndim else tensor
+    else:
+        storage = tensor.view(-1)[local.start:local.stop].view(region_shape(target))
+    if isinstance(target, FlatRange):
+        span = fetch.dst.span
+        block = storage.view(-1)[span.start:span.stop].view(fetch.dst.box.sizes)
+        return block[fetch.overlap.relative_to(fetch.dst.box).slices()]
+    return storage[fetch.overlap.relative_to(target).slices()] if target.ndim else storage
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes()
+
+
+def _put(view: torch.Tensor, blob, dtype: torch.dtype) -> None:
+    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(dtype).view(view.shape)
+    view.copy_(data)
+
+
+def _gather(obj: Any, group) -> list:
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _agree(problem: str | None, group) -> None:
+    found = _gather(problem, group)
+    rank = dist.get_rank(group)
+    for r, text in enumerate(found):
+        if text:
+            raise ReplicaError(text if r == rank else f"resharding from memory failed on rank {r}: {text}")
+
+
+def _newest(tiers: Sequence[ReplicaTier], group) -> tuple[str, CheckpointMeta]:
+    """The newest checkpoint any rank holds (by its replication generation), and its meta."""
+    mine = {}
+    for tier in tiers:
+        for ck in tier.checkpoints():
+            meta = tier.get_meta(ck)
+            if meta is not None:
+                mine[ck] = meta.generation
+    everyone = _gather(mine, group)
+    known = {ck: gen for part in everyone for ck, gen in part.items()}
+    if not known:
+        raise ReplicaError("no surviving rank holds a replicated checkpoint in memory; restore from storage")
+    ck = max(known, key=lambda c: (known[c], c))
+    source = next(r for r, part in enumerate(everyone) if ck in part)
+    box = [next(m for m in (t.get_meta(ck) for t in tiers) if m is not None) if dist.get_rank(group) == source else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, source) if group is not None else source, group=group)
+    return ck, box[0]
+
+
+def reshard_from_memory(tiers: Sequence[ReplicaTier],
+                        make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
+                        group=None, round_bytes: int = ROUND_BYTES) -> tuple[Any, dict[str, torch.Tensor], FragmentMap,
+                                                                              HotLoadReport]:
+    """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
+
+    ``make_target(logical)`` returns this rank's load-direction fragment map and zeroed
+    local tensors (``logical``: name -> LogicalTensor, from the held manifest). Returns the
+    checkpoint's JSON tree for this rank, the filled tensors, the map and a report.
+    """
+    began = time.perf_counter()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    ck, meta = _newest(tiers, group)
+    files = CheckpointFiles(meta.path)
+    manifest = Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
+                                  checkpoint=meta.path, read_shard=files.read_shard)
+    rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
+    blobs, corrupt = held_arrays(tiers, ck, rmap)
+    index: dict[tuple[str, Any], int] = {}  # (logical, region) -> fragment index, as every rank numbers them
+    held_by_key: dict[str, list[tuple[str, Any]]] = {}
+    for name, entry in manifest.tensors.items():
+        for i, frag in enumerate(entry.fragments):
+            index[(name, frag.region)] = i
+            held_by_key.setdefault(frag.key, []).append((name, frag.region))
+    held = [HeldFragment(r, key, name, region)
+            for r, keys in enumerate(_gather(sorted(blobs), group)) for key in keys
+            for name, region in held_by_key.get(key, ())]
+    logical = {n: _logical(manifest, n) for n in manifest.tensors}
+    fmap, into = make_target(logical)
+    plan: PeerPlan = plan_sources(fmap, held, {n: lt.shape for n, lt in logical.items()}, world=world)
+    # Sources learn what to send: every rank's fetches, in one list all ranks agree on.
+    asks = [(f.source.rank, f.logical, index[(f.logical, f.source.region)], f.overlap.offsets, f.overlap.sizes)
+            for f in plan.fetches]
+    everyone = _gather(asks, group)
+    planned = time.perf_counter()
+
+    memory = _MemoryCheckpoint(manifest, rmap, blobs)
+    transfers, parts = _coalesce(everyone, logical, round_bytes)
+    mine = {(rank, i): f for i, f in enumerate(plan.fetches)}
+    delivered: set = set()
+
+    def load(t: Transfer) -> bytes:
+        return b"".join(_bytes(memory.read(name, frag, Box(tuple(o), tuple(z))))
+                        for _, (_, name, frag, o, z), _ in parts[t.key])
+
+    def deliver(t: Transfer, blob) -> None:
+        at = 0
+        for i, (_, name, _, _, _), nbytes in parts[t.key]:
+            f = mine[(rank, i)]
+            _put(local_view(into[f.dest_key], fmap, f), blob[at:at + nbytes], _dtype(logical[name].dtype))
+            delivered.add((rank, i))
+            at += nbytes
+
+    try:
+        problems = exchange(transfers, load=load, deliver=deliver, group=group, round_bytes=round_bytes)
+    finally:
+        memory.close()
+    transferred = time.perf_counter()
+    missing = sorted(set(mine) - delivered)
+    if missing:
+        problems.append(f"{len(missing)} planned region(s) never arrived (first: fetch {missing[0][1]})")
+    _agree("; ".join(problems) or None, group)
+    if plan.reads:
+        with CheckpointReader(meta.path) as reader:  # only what no survivor holds
+            for f in plan.reads:
+                local_view(into[f.dest_key], fmap, f).copy_(reader.read_tensor(f.logical, f.overlap))
+    done = time.perf_counter()
+    tree_rank = rank if rank in manifest.states else min(manifest.states, default=0)
+    sent = sum(t.nbytes for t in transfers if t.source == rank != t.dest)
+    received = sum(t.nbytes for t in transfers if t.dest == rank != t.source)
+    report = HotLoadReport(meta.path, manifest.states.get(tree_rank), plan.elements(), sent, received,
+                           tuple(corrupt), planned - began, transferred - planned, done - transferred)
+    return manifest.states.get(tree_rank), into, fmap, report
+
+
+def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Transfer], dict]:
+    """One transfer per (source, destination) pair and round: the pair's asks back to back, at most
+    ``round_bytes`` each (an ask larger than that alone), so a round is a few large messages."""
+    transfers: list[Transfer] = []
+    parts: dict[str, list] = {}
+    pairs: dict[tuple[int, int], list] = {}
+    for dest, items in enumerate(everyone):
+        for i, ask in enumerate(items):
+            nbytes = math.prod(ask[4]) * _itemsize(logical[ask[1]].dtype)
+            pairs.setdefault((ask[0], dest), []).append((i, ask, nbytes))
+    for (source, dest), items in sorted(pairs.items()):
+        batch, size = [], 0
+        for item in items + [None]:
+            if item is None or (batch and size + item[2] > round_bytes):
+                key = f"{source}>{dest}#{len(transfers)}"
+                transfers.append(Transfer(source, dest, key, size))
+                parts[key] = batch
+                batch, size = [], 0
+            if item is not None:
+                batch.append(item)
+                size += item[2]
+    return transfers, parts
+
+
+def _logical(manifest: Manifest, name: str):
+    from ucp.spec import LogicalTensor
+
+    dtype, shape = manifest.header(name)
+    return LogicalTensor(name, tuple(shape), dtype)
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _itemsize(name: str) -> int:
+    return _dtype(name).itemsize

@@ -1,0 +1,97 @@
+"""The exact best placement of a small instance, by exhaustive search, and each policy's gap to it.
+
+The objective is what ETTR loses to recoveries: the expected recovery seconds of one
+checkpoint interval, ``sum over failure cases of P(case) * recover(case).seconds``
+(:mod:`ucp.replication.recovery`: restart, reads from the fastest surviving copies with
+per-source queueing, the remote store, rollbacks), where the cases are each node
+alone (at its forecast) and each rack (at Llama 3's switch/cable share of the node
+events, :mod:`ucp.replication.published_rates`). Every placement the request allows is
+tried, so the optimum is exact for that model; instances stay small (4 nodes in 2
+racks, one replica per shard, one memory and one disk slot per node: 1,296 placements).
+
+Example::
+
+    >>> instance = small_instance(seed=0)
+    >>> best, cost = optimum(instance)
+    >>> from ucp.replication.policies import GroupPlacement
+    >>> expected_seconds(instance, GroupPlacement().place(instance.request, instance.view)) >= cost
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ucp.replication.cluster import TIERS, ClusterSpec
+from ucp.replication.placement import ClusterView, Placement, PlacementRequest, ReplicaSite, validate_placement
+from ucp.replication.published_rates import LLAMA3_SWITCH_CABLE, LLAMA3_UNEXPECTED
+from ucp.replication.recovery import recover
+from ucp.replication.errors import PlacementError
+
+SMALL_SPEC = ClusterSpec(nodes=4, rack_size=2, memory_slots=1, disk_slots=1)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A request, the view a policy is shown, and the failure cases with their probabilities."""
+
+    request: PlacementRequest
+    view: ClusterView
+    cases: tuple[tuple[frozenset, float], ...]
+
+
+def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC) -> Instance:
+    """Heterogeneous forecasts (log-uniform 1e-4..1e-1 per node), a random remote staleness."""
+    rng = np.random.default_rng(seed)
+    probs = 10.0 ** rng.uniform(-4, -1, spec.nodes)
+    view = ClusterView.uniform(spec, probs)
+    request = PlacementRequest.one_per_node(spec, replicas=1, max_replicas=1,
+                                            intervals_since_remote=int(rng.integers(0, spec.remote_every)))
+    share = LLAMA3_SWITCH_CABLE / LLAMA3_UNEXPECTED
+    rack_p = share / (1 - share) * float(probs.sum()) / spec.racks
+    cases = [(frozenset([i]), float(p)) for i, p in enumerate(probs)]
+    cases += [(frozenset(n for n in range(spec.nodes) if spec.rack_of(n) == r), rack_p) for r in range(spec.racks)]
+    return Instance(request, view, tuple(cases))
+
+
+def expected_seconds(instance: Instance, placement: Placement) -> float:
+    """Expected recovery seconds of one interval under the instance's failure cases."""
+    spec = instance.view.spec
+    return sum(p * recover(instance.request, placement, spec=spec, lost=lost, unavailable=lost).seconds
+               for lost, p in instance.cases)
+
+
+def optimum(instance: Instance) -> tuple[Placement, float]:
+    """The placement with the least expected recovery seconds (every allowed placement is tried)."""
+    request, view = instance.request, instance.view
+    if request.min_replicas != 1 or request.max_replicas != 1 or len(request.fragments) > 6:
+        raise PlacementError("exhaustive search is for small instances with exactly one replica per shard")
+    choices = [[ReplicaSite(n, tier) for n in range(len(view.nodes)) if n != frag.owner for tier in TIERS]
+               for frag in request.fragments]
+    best, best_cost = None, float("inf")
+    for combo in itertools.product(*choices):
+        used = set()
+        if any((site.node, site.tier) in used or used.add((site.node, site.tier)) for site in combo):
+            continue  # one shard per slot: every slot here holds exactly one shard
+        placement = Placement({f.fragment_id: (site,) for f, site in zip(request.fragments, combo)})
+        cost = expected_seconds(instance, placement)
+        if cost < best_cost - 1e-12:
+            best, best_cost = placement, cost
+    validate_placement(request, view, best)
+    return best, best_cost
+
+
+def optimum_gaps(policies, *, seeds: int) -> dict[str, list[float]]:
+    """Per policy, ``expected_seconds(policy) / optimum - 1`` on ``seeds`` small instances."""
+    gaps: dict[str, list[float]] = {p.name: [] for p in policies}
+    for seed in range(seeds):
+        instance = small_instance(seed=seed)
+        _, best = optimum(instance)
+        for policy in policies:
+            placement = policy.place(instance.request, instance.view)
+            validate_placement(instance.request, instance.view, placement)
+            gaps[policy.name].append(expected_seconds(instance, placement) / best - 1.0)
+    return gaps

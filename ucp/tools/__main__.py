@@ -1,0 +1,5 @@
+import sys
+
+from ucp.tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""A fresh process's first ucp save and load against warm ones in the same process.
+
+Recovery runs in new processes: whatever the first save or load pays once (imports,
+thread pools, first-touch page faults of the library's own buffers) lands there.
+``python -m ucp.tools.bench.cold_start SIZE_GIB DIR`` builds the state *before* importing
+ucp, then times: the first save, the first load (page cache dropped), and the third
+save and load (warm); prints JSON. :func:`measure_cold_start` runs it in fresh
+interpreters.
+
+Example::
+
+    for (first_save, first_load), (warm_save, warm_load) in measure_cold_start(size_gib=0.1, directory=Path("/tmp")):
+        print(first_save / warm_save)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _one(state: dict, template: dict, path: Path) -> tuple[float, float]:
+    import ucp
+
+    from ucp.tools.bench.core_bench import drop_from_page_cache
+
+    start = time.perf_counter()
+    ucp.save(state, path)
+    saved = time.perf_counter() - start
+    drop_from_page_cache(path)
+    start = time.perf_counter()
+    ucp.load(path, into=template)
+    loaded = time.perf_counter() - start
+    shutil.rmtree(path)
+    return saved, loaded
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from ucp.tools.bench.core_bench import StateRecipe, build_state
+
+    size_gib, directory = float(argv[0]), Path(argv[1])
+    state = build_state(StateRecipe(size_gib=size_gib))
+    template = {k: torch.empty_like(v) for k, v in state.items()}
+    for t in template.values():  # the caller's memory exists already, as in training
+        t.zero_()
+    work = Path(tempfile.mkdtemp(prefix="ucp-cold-", dir=directory))
+    try:
+        first = _one(state, template, work / "first")  # ucp itself is imported in here
+        _one(state, template, work / "second")
+        warm = _one(state, template, work / "third")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"first": first, "warm": warm}))
+    return 0
+
+
+def measure_cold_start(*, size_gib: float, directory: Path, runs: int = 3) -> list[tuple[tuple, tuple]]:
+    """``runs`` fresh interpreters: ``[((first save s, first load s), (warm save s, warm load s)), ...]``."""
+    repo_root = Path(__file__).resolve().parents[3]
+    out = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-m", "ucp.tools.bench.cold_start", str(size_gib), str(directory)],
+                              cwd=repo_root, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"cold-start probe failed:\n{done.stderr[-2000:]}")
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        out.append((tuple(found["first"]), tuple(found["warm"])))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
