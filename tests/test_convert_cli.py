@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,7 +161,7 @@ def test_inspect_and_verify_take_every_format(tmp_path, capsys):
         assert main(["verify", path]) == 0
         assert capsys.readouterr().out.startswith("OK "), fmt
     bad = tmp_path / "bad.safetensors"
-    bad.write_bytes(open(sources["safetensors"], "rb").read()[:-16])
+    bad.write_bytes(Path(sources["safetensors"]).read_bytes()[:-16])
     assert main(["verify", str(bad), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["format"] == "safetensors" and report["problems"][0]["kind"] == "FormatError"

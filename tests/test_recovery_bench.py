@@ -17,7 +17,7 @@ def test_recovery_bench_writes_hot_and_restart_side_by_side(capsys, tmp_path):
     data = json.loads(out.read_text())
     rows = data["scenarios"]["spare"]
     assert set(rows) == {"ucp-hot", "dcp-restart"}
-    for system, row in rows.items():
+    for row in rows.values():
         assert row["recovery_s"] > 0 and row["ci95"][0] <= row["recovery_s"] <= row["ci95"][1]
         assert row["first_step_s"] > 0 and row["lost_steps"] == 1
     assert rows["ucp-hot"]["bitwise"] is True and rows["dcp-restart"]["bitwise"] is None

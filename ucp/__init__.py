@@ -10,7 +10,7 @@ The engine (torch, tensorstore) is imported on first use, so importing
 ``ucp.errors`` or ``ucp.layout`` stays cheap.
 """
 
-from ucp.errors import *  # noqa: F401,F403
+from ucp.errors import *  # noqa: F403
 from ucp.errors import UcpError  # noqa: F401
 from ucp.geometry import Box, FlatRange  # noqa: F401
 from ucp.layout import Layout  # noqa: F401

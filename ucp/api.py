@@ -29,7 +29,7 @@ from ucp.stores import StoreOptions
 from ucp.state import FlatState, assemble_state, flatten_state, state_tensors, tensor_places, tensor_refs
 from ucp.stateful import LoadTargets, skeleton
 from ucp.shared_save import finalize, record_failure  # noqa: F401 - re-exported
-from ucp.writer import CheckpointWriter, SaveResult  # noqa: F401 - re-exported
+from ucp.writer import CheckpointWriter, SaveResult  # re-exported
 
 SpecLike = FragmentMap | Callable[[dict], FragmentMap] | None
 

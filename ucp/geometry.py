@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 from ucp.errors import ManifestError
 
@@ -130,7 +130,7 @@ class FlatRange:
         return f"flat[{self.start}:{self.stop}]"
 
 
-Region = Union[Box, FlatRange]
+Region = Box | FlatRange
 
 
 def region_to_dict(region: Region) -> dict:

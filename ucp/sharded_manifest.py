@@ -167,7 +167,7 @@ class ShardedTensors(Mapping):
                 name, {"dtype": dtype, "shape": list(shape), "fragments": fragments}, source)
         return found
 
-    def items(self):  # noqa: D102 - with problems: a damaged entry is recorded and skipped (ucp verify)
+    def items(self):  # with problems: a damaged entry is recorded and skipped (ucp verify)
         if self._problems is None:
             return super().items()
         return list(self._good_items())

@@ -15,7 +15,7 @@ import math
 import os
 
 from ucp.stores import DEFAULT_OPTIONS, Store, StoreOptions, open_store
-from ucp.zarr_array import chunk_count, chunk_key  # noqa: F401 - re-exported
+from ucp.zarr_array import chunk_count, chunk_key  # re-exported
 
 __all__ = ["Storage", "chunk_rows_for", "chunk_count", "chunk_key"]
 

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import ucp  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+import ucp
+from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def _model(tie: bool) -> LlamaForCausalLM:

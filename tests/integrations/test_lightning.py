@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from ucp.reliability.ettr.tracker import ETTRTracker  # noqa: E402
-from ucp.api import load  # noqa: E402
+from ucp.reliability.ettr.tracker import ETTRTracker
+from ucp.api import load
 
 
 @pytest.mark.slow

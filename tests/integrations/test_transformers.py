@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
 
-from ucp.reliability.ettr.tracker import ETTRTracker  # noqa: E402
-from ucp.api import load  # noqa: E402
+from ucp.reliability.ettr.tracker import ETTRTracker
+from ucp.api import load
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import struct
+from pathlib import Path
 import tempfile
 import zipfile
 
@@ -66,7 +67,7 @@ def _write(path, tensors, config) -> None:
 
 
 def _shipped_parts():
-    raw = open(str(shipped_policy_path()), "rb").read()
+    raw = Path(shipped_policy_path()).read_bytes()
     (size,) = struct.unpack("<Q", raw[:8])
     config = json.loads(json.loads(raw[8:8 + size])["__metadata__"][METADATA_KEY])
     from safetensors.torch import load

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,9 +176,9 @@ def test_verify_store_repairs_a_bit_flip_that_sizes_cannot_see(tmp_path):
     rmap = ReplicaManager(tiers=[tier], replicas=0).replicate(path)
     (key, rec), = rmap.arrays.items()
     chunk = os.path.join(path, "data", key, rec.files[1].name)
-    raw = bytearray(open(chunk, "rb").read())
+    raw = bytearray(Path(chunk).read_bytes())
     raw[100] ^= 0x01
-    open(chunk, "wb").write(bytes(raw))
+    Path(chunk).write_bytes(bytes(raw))
     assert ReplicaManager(tiers=[tier], replicas=0).recover(path).repaired == ()  # same size: not seen
     with pytest.raises(ucp.ChecksumError):
         ucp.load(path)

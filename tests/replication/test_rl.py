@@ -73,8 +73,8 @@ def _play(env, prefer_far_memory: bool) -> tuple[float, float]:
     while not done:
         b = env.builder
         valid = np.flatnonzero(b.action_masks()[:-1])
-        far = lambda a: b.rack[a // 2] != b.rack[b.current.owner]  # noqa: E731
-        score = lambda a: (far(a) == prefer_far_memory) * 2 + ((a % 2 == 0) == prefer_far_memory)  # noqa: E731
+        far = lambda a, b=b: b.rack[a // 2] != b.rack[b.current.owner]  # noqa: E731
+        score = lambda a, far=far: (far(a) == prefer_far_memory) * 2 + ((a % 2 == 0) == prefer_far_memory)  # noqa: E731
         _, reward, done, _, _ = env.step(int(max(valid, key=score)) if len(valid) else 64)
         total += reward
     return total, env.potential() - start

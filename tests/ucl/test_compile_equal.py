@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ucp import ucl
-import ucp.ucl.replicas
+import ucp.ucl.replicas  # noqa: F401 - loads the submodule the tests patch as ucl.replicas
 from ucp.ucl.bind import local_shapes, spec_for_load, spec_for_save
 from ucp.ucl.declared import declared_logical
 from ucp.layout import Layout

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ucp import ucl
-import ucp.ucl.check
+import ucp.ucl.check  # noqa: F401 - loads the submodule the tests call as ucl.check
 from ucp.ucl.simulate import gather, place, scatter
 from ucp.geometry import Box, FlatRange, split_evenly
 from ucp.layout import Layout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,7 +180,7 @@ def test_explicit_flat_to_box_maps_save_and_load_bitwise(tmp_path):
         edge = w[[0, 7][rank]].view(1, 10).clone()
         ucp.save({"buf": buf, "edge": edge}, path, spec=fmap, rank=rank, world_size=2)
     ucp.finalize(path, world_size=2)
-    manifest = json.loads(open(f"{path}/manifest.json").read())
+    manifest = json.loads(Path(f"{path}/manifest.json").read_text())
     assert [f["region"] for f in manifest["tensors"]["v"]["fragments"]] == [
         {"box": {"offsets": [0, 0], "sizes": [4, 3]}}, {"box": {"offsets": [0, 3], "sizes": [4, 3]}}]
     whole = ucp.load(path)
@@ -248,7 +249,7 @@ def test_checkpoints_saved_with_one_fragment_per_run_still_load_into_box_pieces(
             buf[p.local.start : p.local.stop] = {"w": w, "v": v}[p.logical].reshape(-1)[p.target.start : p.target.stop]
         ucp.save({"buf": buf, "edge": w[[0, 7][rank]].view(1, 10).clone()}, path, spec=fmap, rank=rank, world_size=2)
     ucp.finalize(path, world_size=2)
-    regions = [f["region"] for f in json.loads(open(f"{path}/manifest.json").read())["tensors"]["w"]["fragments"]]
+    regions = [f["region"] for f in json.loads(Path(f"{path}/manifest.json").read_text())["tensors"]["w"]["fragments"]]
     assert sum("flat" in r for r in regions) == 12  # rows 1..6 of two column halves: the old layout
     for rank in range(2):
         fmap = _buffer_map(rank, ["v", "w"])

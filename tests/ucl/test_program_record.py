@@ -51,7 +51,7 @@ def test_a_preset_is_recorded_with_its_text_parameters_and_name(tmp_path, models
         base, _, st = name.partition("/")
         set_path(state, f"optim/{st}/{base}" if st else name, t)
     ucp.save(state, path, program=prog, layout="tp=1")
-    recorded = Manifest.from_json(open(os.path.join(path, "manifest.json")).read()).program
+    recorded = Manifest.from_json(pathlib.Path(path, "manifest.json").read_text()).program
     assert recorded.preset == "hf-llama" and recorded.name == "hf-llama.ucl"
     assert recorded.params == {**params, "states": ["exp_avg"]}
     assert recorded.text.startswith("# Hugging Face Llama-family names")

@@ -465,7 +465,7 @@ def test_distributed_async_save_on_a_dedicated_group(tmp_path: Path) -> None:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for code, out, err in outputs:
+    for code, _out, err in outputs:
         assert code == 0, err[-3000:]
     assert sorted(o[1].split()[1] for o in outputs) == ["0", "1"]
     # each rank wrote only its own rows; together they tile the logical tensor

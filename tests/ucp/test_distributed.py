@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from ucp.integrations.launch import free_port
 import ucp
 from ucp.geometry import Box
-from ucp.sharding import local_shapes, split_fragment_map
+from ucp.sharding import split_fragment_map
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 
 WORLD = 4

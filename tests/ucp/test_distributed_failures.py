@@ -65,9 +65,9 @@ def _scenarios(rank: int, root: str) -> None:
     for name, state, spec, cls, text in cases:
         started = time.monotonic()
         if rank == 1:
-            _expect(lambda: ucp.save(state, f"{root}/{name}", spec=spec, process_group=group), cls, text)
+            _expect(lambda s=state, n=name, p=spec: ucp.save(s, f"{root}/{n}", spec=p, process_group=group), cls, text)
         else:
-            _expect(lambda: ucp.save(state, f"{root}/{name}", spec=spec, process_group=group), ucp.UcpError,
+            _expect(lambda s=state, n=name, p=spec: ucp.save(s, f"{root}/{n}", spec=p, process_group=group), ucp.UcpError,
                     f"save failed on rank 1: {cls.__name__}: {text}")
         assert time.monotonic() - started < 10, name  # failed fast, not at the process group timeout
 

@@ -7,7 +7,7 @@ import torch
 
 import ucp
 from ucp.stores import StoreOptions
-from ucp.geometry import Box, FlatRange
+from ucp.geometry import Box
 from ucp.sharding import local_shapes, split_fragment_map
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 

@@ -118,7 +118,7 @@ def test_zarr_json_is_checked_against_the_manifest(checkpoint, capsys):
         ("c", "FormatError", "data_type is \"float64\", the manifest says \"float32\"; a zarr reader would not read the "
                              "bytes the manifest points at - the checkpoint is damaged"),
     ]
-    assert report["problems"][1]["message"].startswith(f"tensor 'b' (fragment ")
+    assert report["problems"][1]["message"].startswith("tensor 'b' (fragment ")
 
 
 def test_every_problem_is_reported(checkpoint, capsys):

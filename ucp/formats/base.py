@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
 
 from ucp.errors import FormatError, UcpError
-from ucp.geometry import Box, FlatRange, Region, region_pieces
+from ucp.geometry import Box, FlatRange, Region, region_pieces  # noqa: F401 - FlatRange: the docstring examples use it
 
 __all__ = [
     "TensorInfo", "StoredBytes", "TrainingState", "FormatReader", "FormatWriter", "Format", "register_format", "get_format",

@@ -273,7 +273,7 @@ class DcpReader:
             return None
         file = self._files.get(info.relative_path)
         if file is None:
-            file = self._files[info.relative_path] = open(os.path.join(self.path, info.relative_path), "rb")
+            file = self._files[info.relative_path] = open(os.path.join(self.path, info.relative_path), "rb")  # noqa: SIM115 - kept for the next read; close() closes it
         try:
             lazy, offset = saved_tensor_at(file.name, info.offset, info.length, file)
         except FormatError:
@@ -336,7 +336,7 @@ def _nest(flat: dict[tuple, Any]) -> dict:
     root: dict = {}
     for path, value in flat.items():
         node = root
-        for part, nxt in zip(path[:-1], path[1:]):
+        for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
 

@@ -164,7 +164,7 @@ class DeepSpeedZeroReader:
         self.stage = self.units[mp_ranks[0]].stage
         self.dp = self.units[mp_ranks[0]].dp
         if self.stage == 3:
-            for (dp, mp), f in sorted(files["model3"].items()):
+            for _, f in sorted(files["model3"].items()):
                 if f not in self.model_states:
                     self.model_states[f] = self._load(f)
         self._owner: dict[str, ZeroOptimizerFiles] = {}
@@ -210,7 +210,7 @@ class DeepSpeedZeroReader:
             dtype = str(tensor.dtype).removeprefix("torch.")
             if self.stage <= 2 or name in buffers:
                 mapped = self._mapped[next(iter(self.model_states))]
-                yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor: read_dense(t, r, mapped=mapped))
+                yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor, m=mapped: read_dense(t, r, mapped=m))
                 continue
             owner = shared.get(name, name)
             if owner in self._owner:
@@ -302,7 +302,7 @@ class DeepSpeedZeroReader:
         for path, states in self.model_states.items():
             rank = int(MODEL3_RE.match(os.path.basename(path))[1]) if MODEL3_RE.match(os.path.basename(path)) else 0
 
-            def ref(t: torch.Tensor, where: str, rank: int = rank) -> Any:
+            def ref(t: torch.Tensor, where: str, rank: int = rank, path: str = path) -> Any:
                 parts = where.split("/")
                 if t.dim() == 0:
                     return {"scalar": t.item(), "dtype": str(t.dtype).removeprefix("torch.")}

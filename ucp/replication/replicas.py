@@ -317,12 +317,12 @@ class ReplicaManager:
                     warnings.warn(f"replica of array {t.key!r} of {path} on rank {t.source} ({t.tier} tier) fails its "
                                   f"checksum (xxh3_64 {found}, the replica map says {rec.digest}); reading the next "
                                   "copy", ReplicaWarning, stacklevel=4)
-                    failed.append((t.key, t.source))
+                    failed.append((t.key, t.source))  # noqa: B023 - exchange() below calls it in this iteration
                     return
                 try:
                     files.write_array(rec, blob)
                 except OSError as err:
-                    errors.append(f"cannot write array {t.key!r} into {path}: {err}")
+                    errors.append(f"cannot write array {t.key!r} into {path}: {err}")  # noqa: B023 - as above
 
             exchange(transfers, load=lambda t: self._held_blob(ck, t), deliver=deliver, group=self.process_group,
                      round_bytes=self.round_bytes)  # a copy that cannot be read arrives as zeros: next copy

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as err:  # noqa: BLE001 - the CLI turns known errors into exit 2
+    except Exception as err:  # the CLI turns known errors into exit 2
         from ucp.errors import UcpError
 
         if isinstance(err, (UcpError, OSError)):

@@ -28,7 +28,7 @@ from ucp.ucl.parser import MAX_SOURCE_CHARS, parse
 from ucp.ucl.program import Program
 from ucp.layout import Layout
 from ucp.programs import ProgramRecord
-from ucp.spec import FragmentMap, LocalTensor, LogicalTensor  # noqa: F401 - re-exported
+from ucp.spec import FragmentMap, LocalTensor, LogicalTensor  # re-exported
 
 
 # A UCL program is a page of text; a larger "program" file is a mistake (or /dev/zero), not read.
@@ -137,7 +137,7 @@ def preset_names() -> list[str]:
 
 
 def _preset(name: str, params: dict) -> BoundProgram:
-    text = resources.files("ucp.ucl").joinpath("presets", f"{name}.ucl").read_text()
+    text = resources.files("ucp.ucl").joinpath("presets").joinpath(f"{name}.ucl").read_text()
     return _bind(parse(text, filename=f"{name}.ucl"), params, preset=name)
 
 

@@ -144,7 +144,7 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
             (ra, ka), (rb, kb) = owners[name][a], owners[name][b]
             findings.append(Finding("overlap", f"{name!r}: rank {ra} {ka!r} and rank {rb} {kb!r} both save "
                                     "the same elements (declare them replicas)", name, ra))
-    for ident, holders in groups.items():
+    for holders in groups.values():
         declared = {h[3] for h in holders}
         indices = sorted(h[2] for h in holders)
         if declared != {len(holders)} or indices != list(range(len(holders))):

@@ -80,8 +80,8 @@ def _flat_spec(rule: FlatRule, ctx: Context, captures: dict, key: str, members: 
     logical = {}
     for k in order:
         for name in members[k].names:
-            new = rename(name)
-            logical[new] = LogicalTensor(new, shapes_by_name[name], dtype_of(new))
+            renamed = rename(name)
+            logical[renamed] = LogicalTensor(renamed, shapes_by_name[name], dtype_of(renamed))
     return (numel,), pieces, logical, owners
 
 
@@ -186,17 +186,17 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
                 logical.setdefault(n, shapes[n])
     flats = []
     shapes_by_name = {n: t.shape for n, t in logical.items()}
-    for rule, caps, key, shape, dtype in pending_flat:
+    for flat_rule, caps, key, shape, dtype in pending_flat:
         members = {i.key: i for i in instances if not i.rule.derived}
-        buf_shape, pieces, flat_logical, owners = _flat_spec(rule, ctx, caps, key, members, lambda _n: dtype, shapes_by_name)
+        buf_shape, pieces, flat_logical, owners = _flat_spec(flat_rule, ctx, caps, key, members, lambda _n, d=dtype: d, shapes_by_name)
         if buf_shape != shape:
             raise UclError(
-                f"{program.where(rule.line)}: flat buffer {key!r} has shape {shape}, the program computes "
+                f"{program.where(flat_rule.line)}: flat buffer {key!r} has shape {shape}, the program computes "
                 f"{buf_shape} on rank {rank} of {layout} (check members, alignment and padding)"
             )
         logical.update(flat_logical)
-        flats.append((rule, key, shape, pieces, dtype, owners))
-        used.add(rule.line)
+        flats.append((flat_rule, key, shape, pieces, dtype, owners))
+        used.add(flat_rule.line)
     return _finish(ctx, instances, logical, flats, used, saving=True)
 
 
@@ -224,7 +224,7 @@ def _save_shapes(rule: TensorRule, ctx: Context, env, key: str, names: list[str]
         saying = f"makes logical {name!r} {implied_shape} under the rule's clauses, but " if implied_shape else ""
         raise DeclaredShapeError(
             f"{ctx.program.where(rule.line)}: local tensor {key!r} of shape {shape} on rank {ctx.rank} of "
-            f"{ctx.layout} {saying}the program declares {name!r} [{', '.join(x.text for x in exprs)}] = {want}, of "
+            f"{ctx.layout} {saying}the program declares {name!r} [{', '.join(x.text for x in exprs or ())}] = {want}, of "
             f"which this rank would hold {again}; check the rule's split, pad and fuse clauses (a row-parallel "
             "weight splits dim 1) or the parameters"
         )

@@ -21,7 +21,7 @@ import torch
 from ucp.ucl.bind import BoundProgram, load_program
 from ucp.ucl.env import Context
 from ucp.ucl.errors import UclError
-from ucp.ucl.program import View
+from ucp.ucl.expr import Expr
 from ucp.layout import Layout
 
 
@@ -51,9 +51,9 @@ def _split_state(name: str) -> tuple[str, str]:
     return base, sep + state
 
 
-def _heads(view: View, bound: BoundProgram) -> int:
+def _heads(heads: Expr, bound: BoundProgram) -> int:
     ctx = Context.make(bound.program, Layout(), 0, bound.params)
-    return view.rope_heads.eval_int(ctx.env(), ctx.functions())
+    return heads.eval_int(ctx.env(), ctx.functions())
 
 
 def to_canonical(name: str, tensor: torch.Tensor, bound: BoundProgram) -> tuple[str, torch.Tensor]:
@@ -65,7 +65,7 @@ def to_canonical(name: str, tensor: torch.Tensor, bound: BoundProgram) -> tuple[
             continue
         if tensor.dim() > 0:
             if view.rope_heads is not None:
-                tensor = rope_interleaved_to_half(tensor, _heads(view, bound))
+                tensor = rope_interleaved_to_half(tensor, _heads(view.rope_heads, bound))
             if view.transpose:
                 tensor = tensor.transpose(0, 1).contiguous()
         return view.canonical.format(caps, {}) + suffix, tensor
@@ -83,7 +83,7 @@ def from_canonical(name: str, tensor: torch.Tensor, bound: BoundProgram) -> tupl
             if view.transpose:
                 tensor = tensor.transpose(0, 1).contiguous()
             if view.rope_heads is not None:
-                tensor = rope_half_to_interleaved(tensor, _heads(view, bound))
+                tensor = rope_half_to_interleaved(tensor, _heads(view.rope_heads, bound))
         return view.logical.format(caps, {}) + suffix, tensor
     return name, tensor
 

@@ -54,11 +54,12 @@ def _declared(prog, base: Layout, params: dict) -> dict[str, LogicalTensor]:
                     continue
                 names = [t.format(env, ctx.functions()) for t in rule.targets]
                 for name, shape in zip(names, declared_shapes(rule, ctx, env)):
+                    assert shape is not None, "_check_listable refuses rules that declare no shape"
                     logical[name] = LogicalTensor(name, shape, DTYPE)
                 if not rule.derived:
                     members[rule.local.format(values, {}, omit=omit)] = names
-        for rule in (r for r in prog.rules if isinstance(r, FlatRule)):
-            _flat_names(rule, ctx, members, logical)
+        for flat_rule in (r for r in prog.rules if isinstance(r, FlatRule)):
+            _flat_names(flat_rule, ctx, members, logical)
     return logical
 
 

@@ -238,7 +238,7 @@ def unmet_requirements(ctx: Context) -> list[str]:
         if req.condition.eval(env, functions):
             continue
         values = iter([h.eval(env, functions) for h in req.holes])
-        message = re.sub(r"\{[^{}]*\}", lambda _m: str(next(values)), req.message)  # holes in parse order
+        message = re.sub(r"\{[^{}]*\}", lambda _m: str(next(values)), req.message)  # noqa: B023 - holes in parse order; re.sub calls it here
         out.append(f"{ctx.program.filename}:{req.line}: {message}")
     return out
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from ucp.ucl.errors import UclError, UclSyntaxError, UnboundNameError
 
@@ -61,10 +61,10 @@ class Expr:
     """A parsed, whitelisted expression and the names it reads."""
 
     text: str
-    tree: ast.expression
+    tree: ast.Expression | ast.expr  # a parsed expression, or one node of one (parser.py's bounds)
     names: frozenset[str]
     where: tuple  # (filename, line, column, source_line) for error messages
-    code: object = field(default=None, compare=False, repr=False)
+    code: Any = field(default=None, compare=False, repr=False)  # the code object, compiled in __post_init__
 
     def __post_init__(self) -> None:
         if self.code is None:  # compiled once; the tree is whitelisted before any Expr is made
@@ -148,7 +148,9 @@ class _Rewrite(ast.NodeTransformer):
     """
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        return self._read(node, _dotted(node))
+        name = _dotted(node)
+        assert name is not None, "parse_expr admits only dotted names"
+        return self._read(node, name)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         return self._read(node, node.id)
@@ -176,7 +178,7 @@ class _Rewrite(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def _compile(tree: ast.expression):
+def _compile(tree: ast.Expression | ast.expr):
     rewritten = _Rewrite().visit(ast.parse(ast.unparse(tree), mode="eval"))
     return compile(ast.fix_missing_locations(rewritten), "<ucl>", "eval")
 

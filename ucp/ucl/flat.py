@@ -154,15 +154,18 @@ def compose(
     found.sort(key=lambda item: item[0])
     out: list[ShardPiece] = []
     for _, piece, shape in found:
-        target = piece.target
+        target, local = piece.target, piece.local
+        assert isinstance(target, Box) and isinstance(local, FlatRange), "range_pieces makes flat runs onto boxes"
         if target.ndim == 0 or is_contiguous(target, shape):
             start = _ravel(target.offsets, shape)
-            flat = ShardPiece(piece.logical, piece.local, FlatRange(start, start + target.numel))
+            run = FlatRange(start, start + target.numel)
+            flat = ShardPiece(piece.logical, local, run)
             last = out[-1] if out else None
             if (last is not None and last.logical == flat.logical and isinstance(last.target, FlatRange)
-                    and last.local.stop == flat.local.start and last.target.stop == flat.target.start):
-                out[-1] = ShardPiece(last.logical, FlatRange(last.local.start, flat.local.stop),
-                                     FlatRange(last.target.start, flat.target.stop))
+                    and isinstance(last.local, FlatRange) and last.local.stop == local.start
+                    and last.target.stop == run.start):
+                out[-1] = ShardPiece(last.logical, FlatRange(last.local.start, local.stop),
+                                     FlatRange(last.target.start, run.stop))
             else:
                 out.append(flat)
         else:

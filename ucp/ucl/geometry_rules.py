@@ -47,6 +47,7 @@ def _check_dims(rule: TensorRule, ctx: Context, ndim: int, what: str) -> None:
 
 def _weights(rule: TensorRule, env: Env, ctx: Context) -> list[int]:
     out = []
+    assert rule.fuse is not None, "called for fused rules only"
     for part in rule.fuse.parts:
         w = 1 if part.weight is None else part.weight.eval_int(env, ctx.functions())
         if w <= 0:
@@ -56,6 +57,7 @@ def _weights(rule: TensorRule, env: Env, ctx: Context) -> list[int]:
 
 
 def _groups(rule: TensorRule, env: Env, ctx: Context, parts: int) -> int:
+    assert rule.fuse is not None, "called for fused rules only"
     if rule.fuse.groups is None:
         return parts
     return rule.fuse.groups.eval_int(env, ctx.functions())

@@ -69,15 +69,16 @@ def check_model(program, layout, model: ModelShapes, *, params: dict | None = No
     report = check_program(bound, lay, logical)
     findings = list(report.findings)
     if model.rank_local is not None and not any(f.kind == "layout" for f in findings):
-        findings += _rank_findings(bound, lay, model, logical, prefix)
+        findings += _rank_findings(bound, lay, model.rank_local, logical, prefix)
     return CheckReport(report.program, report.layout, report.ranks, report.logical_tensors, report.local_tensors,
                        tuple(findings), report.warnings + warnings)
 
 
-def _rank_findings(bound, lay: Layout, model: ModelShapes, logical: dict, prefix: str) -> list[Finding]:
+def _rank_findings(bound, lay: Layout, rank_local: Callable[[Layout, int], dict[str, LogicalTensor]], logical: dict,
+                   prefix: str) -> list[Finding]:
     out = []
     for rank in range(lay.world_size):
-        local = {prefix + k: (t.shape, t.dtype) for k, t in model.rank_local(lay, rank).items()}
+        local = {prefix + k: (t.shape, t.dtype) for k, t in rank_local(lay, rank).items()}
         try:
             implied = compile_save(bound.program, lay, rank, local, params=bound.params).logical
         except UclError as err:
@@ -119,6 +120,7 @@ def _import_factory(spec: str) -> Callable:
             if not os.path.isfile(module_name):
                 raise UclError(f"--model {spec!r}: file {module_name!r} does not exist")
             loaded = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            assert loaded is not None and loaded.loader is not None, "a .py path always has a spec and a loader"
             module = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
@@ -127,7 +129,7 @@ def _import_factory(spec: str) -> Callable:
             module = importlib.import_module(module_name)
     except UclError:
         raise
-    except Exception as err:  # the user's own module failed to import: say so, with its error
+    except Exception as err:  # noqa: BLE001 - the user's own module failed to import: say so, with its error
         raise UclError(f"--model {spec!r}: importing {module_name!r} failed: {type(err).__name__}: {err}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
@@ -141,7 +143,7 @@ def _on_meta(build: Callable):
     with torch.device("meta"):
         try:
             return build()
-        except Exception as err:  # the factory is the user's code: report what it raised
+        except Exception as err:  # noqa: BLE001 - the factory is the user's code: report what it raised
             raise UclError(f"building the model on the meta device failed: {type(err).__name__}: {err}") from None
 
 
@@ -170,7 +172,7 @@ def hf_config(path: str) -> ModelShapes:
         raise UclError(f"--hf-config {path!r} does not exist")
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as err:  # transformers raises OSError, ValueError, KeyError for bad configs
+    except Exception as err:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError for bad configs
         raise UclError(f"--hf-config {path!r} is not a Hugging Face config: {type(err).__name__}: {err}") from None
     model = _on_meta(lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=False))
     whole = _shapes(model, path)
@@ -226,7 +228,7 @@ def _tp_styles(whole: dict[str, LogicalTensor], plan: dict[str, str]) -> tuple[d
         dim = _style_dim(style, name, len(lt.shape))
         if dim == "?":
             warnings.append(f"tp_plan style {style!r} of {name!r} is not modelled: its shards are not compared")
-        elif dim is not None:
+        elif isinstance(dim, int):
             styles[name] = dim
     return styles, warnings
 

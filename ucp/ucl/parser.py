@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from typing import Any
 
 from ucp.ucl.errors import UclSyntaxError
 from ucp.ucl.expr import MAX_INT, Expr, parse_expr
@@ -449,7 +450,7 @@ def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
                          p.shape)
                     for p in rule.fuse.parts
                 )
-                fields = {"logical": None, "fuse": Fuse(rule.fuse.dim, rule.fuse.groups, parts)}
+                fields: dict[str, Any] = {"logical": None, "fuse": Fuse(rule.fuse.dim, rule.fuse.groups, parts)}
             else:
                 first = rule.targets[0].text
                 fields = {"logical": parse_pattern(logical_t.replace("{name}", first), where=src, local=False),

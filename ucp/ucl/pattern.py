@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping, cast
 
 from ucp.ucl.errors import UclSyntaxError
 from ucp.ucl.expr import Expr, parse_expr
@@ -88,7 +88,7 @@ class Pattern:
                     return None  # no index of a real model has 19 digits; int() of thousands would be slow
                 value: object = int(raw) if raw else 0
             elif cap.kind == "list":
-                if raw not in list(params.get(cap.list_param, ()) or ()):
+                if raw not in list(cast(Iterable, params.get(cap.list_param, ()) or ())):
                     return None
                 value = raw
             else:

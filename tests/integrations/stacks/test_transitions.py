@@ -42,7 +42,7 @@ TRANSITIONS = [
 SETTINGS = TrainSettings()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(model: str, steps: int) -> tuple[float, ...]:
     return tuple(reference_run(model, SETTINGS, steps))
 

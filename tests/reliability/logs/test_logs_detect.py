@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs
-from ucp.reliability.logs.detect import FEATURES, Detector, TemplateStats, failure_phrase, is_dump, line_evidence
+from ucp.reliability.logs.detect import Detector, TemplateStats, failure_phrase, is_dump, line_evidence
 from ucp.reliability.logs.discover import FlaggedTemplate, discover_categories
 from ucp.reliability.logs.header import CRITICAL, ERROR, INFO, WARNING, split_header
 from ucp.reliability.logs.masking import template_tokens

@@ -111,7 +111,7 @@ def test_analysis_groups_mined_templates_that_fire_together(tmp_path):
     for i in range(12):
         ts = 3600 * i
         node = f"cn{i % 3:02d}"
-        stamp = lambda t: f"2024-06-0{1 + t // 86400}T{t % 86400 // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}"
+        stamp = lambda t: f"2024-06-0{1 + t // 86400}T{t % 86400 // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}"  # noqa: E731
         lines.append(f"{stamp(ts)} {node} quaxd[7]: ERROR: wibbler spindle jammed at stage {i}")
         lines.append(f"{stamp(ts + 1)} {node} frobd[9]: ERROR: gorp relay failed, code {i}")
         lines.append(f"{stamp(ts + 1800)} {node} zembd[3]: ERROR: blonk buffer overflowed in pass {i}")

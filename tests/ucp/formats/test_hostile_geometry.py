@@ -13,10 +13,9 @@ import pytest
 import torch
 
 import ucp
-from tests.ucp.formats.hostile import Record, archive_bytes, floats, pickle_bytes, write_archive, write_dcp, write_pt
+from tests.ucp.formats.hostile import Record, archive_bytes, floats, write_archive, write_dcp, write_pt
 from ucp.conversion import ConversionError
 from ucp.errors import FormatError, UcpError
-from ucp.formats import get_format
 from ucp.formats.dcp import DcpReader
 from ucp.formats.deepspeed_universal import resolve_universal_dir
 from ucp.formats.deepspeed_zero import resolve_step_dir

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -40,7 +42,7 @@ def test_verify_reads_every_block(checkpoints):
 
 
 def test_verify_reports_damage_instead_of_raising(checkpoints, tmp_path):
-    raw = open(checkpoints["safetensors"], "rb").read()
+    raw = Path(checkpoints["safetensors"]).read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(raw[:-100])
     report = verify_format(tmp_path / "cut.safetensors")
     assert not report.ok and report.problems[0].kind == "FormatError"

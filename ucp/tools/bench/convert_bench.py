@@ -107,7 +107,7 @@ def _dcp_rank(rank: int, world: int, port: int, out: str, size_gib: float) -> No
 
 
 def _make_dcp(work: Path, size_gib: float, world: int) -> Path:
-    
+
     import torch.multiprocessing as mp
 
     out = work / "source-dcp"

@@ -345,11 +345,16 @@ class BenchReport:
 
 
 # --------------------------------------------------------------------------- running
-def _time(fn: Callable[[], object]) -> tuple[float, object]:
+def _time(fn: Callable[..., object], *args: object) -> tuple[float, object]:
     gc.collect()
     start = time.perf_counter()
-    out = fn()
+    out = fn(*args)
     return time.perf_counter() - start, out
+
+
+def _torch_copy(state: dict[str, torch.Tensor], template: dict[str, torch.Tensor]) -> None:
+    for key, tensor in state.items():
+        template[key].copy_(tensor)
 
 
 def _numpy_copy(state: dict[str, torch.Tensor], template: dict[str, torch.Tensor]) -> None:
@@ -426,16 +431,15 @@ def run_benchmark(
                     method = METHODS[name]
                     target = work / f"{name}-{rep}"
                     say(f"{directory} · {name} · save {rep + 1}/{repeats}")
-                    save_s, _ = _time(lambda: method.save(state, target))
+                    save_s, _ = _time(method.save, state, target)
                     dropped.add(drop_from_page_cache(target, everything=drop_caches))
                     say(f"{directory} · {name} · load {rep + 1}/{repeats}")
-                    load_s, loaded = _time(lambda: method.load(target, template))
+                    load_s, loaded = _time(method.load, target, template)
                     del loaded
                     report.timings.append(Timing(name, str(directory), save_s, load_s))
                     _remove(target)
                 # The floor of any snapshot: copying the state into memory that already exists.
-                copy_s = min(_time(lambda: [template[k].copy_(v) for k, v in state.items()])[0],
-                             _time(lambda: _numpy_copy(state, template))[0])
+                copy_s = min(_time(_torch_copy, state, template)[0], _time(_numpy_copy, state, template)[0])
                 report.timings.append(Timing("memcpy", str(directory), copy_s, copy_s))
                 if saver is not None:
                     target = work / f"ucp-async-{rep}"

@@ -134,8 +134,8 @@ def main(argv=None) -> int:
     print(f"{len(rows)} lines: {sum(1 for r in rows if r[1] not in ('normal', 'loghub-failure'))} injected faults "
           f"({len(FAULTS)} variants, {sum(k.held_out for k in FAULTS)} held out), "
           f"{report['normal_lines']} normal lines\n")
-    print(f"| category | support | precision | recall | F1 | held-out recall |")
-    print(f"| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| category | support | precision | recall | F1 | held-out recall |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for t in report["per_category"]:
         h = "-" if t["held_out_recall"] is None else f"{t['held_out_recall']:.2f}"
         print(f"| {t['category']} | {t['support']} | {t['precision']:.3f} | {t['recall']:.3f} | {t['f1']:.3f} | {h} |")

@@ -24,7 +24,6 @@ import os
 import random
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +34,7 @@ import numpy as np  # noqa: E402
 from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs, merge_scans, template_stats  # noqa: E402
 from ucp.reliability.logs.detect import FEATURES, Detector, feature_vector  # noqa: E402
 from ucp.reliability.logs.scan import plan_partitions, scan_partition  # noqa: E402
-from ucp.reliability.logs.taxonomy import NORMAL, load_taxonomy  # noqa: E402
+from ucp.reliability.logs.taxonomy import load_taxonomy  # noqa: E402
 from ucp.reliability.logs.template_state import TemplateSet  # noqa: E402
 from ucp.tools.bench.logs_faults import FAULTS, render_fault, render_normal  # noqa: E402
 

@@ -164,14 +164,14 @@ def main(argv=None) -> int:
                     AnalysisOptions(default_year=2024, split_bytes=split)
                 _trained_model.cache_clear()  # every run trains the taxonomy's models, as a CLI run does
                 _domain_model.cache_clear()
-                result, wall, cpu = _timed(lambda: analyze_logs([path], options=options, run=dask_runner(workers=w)))
+                result, wall, cpu = _timed(lambda o=options, w=w: analyze_logs([path], options=o, run=dask_runner(workers=w)))
                 ours[(w, parts)].append((wall, cpu))
             miner = TemplateMiner(config=drain3_config())
-            _, wall, cpu = _timed(lambda: [miner.add_log_message(text) for text in lines])
+            _, wall, cpu = _timed(lambda m=miner: [m.add_log_message(text) for text in lines])
             alone.append((wall, cpu))
     n = len(lines)
     try:
-        load = "load average %.1f %.1f %.1f" % os.getloadavg()
+        load = "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
     except OSError:
         load = "load average unknown"
     print(f"{n:,} lines ({'varied' if args.vary else 'verbatim'} loghub repeats; {distinct:,} distinct lines, "

@@ -97,8 +97,8 @@ def run(sizes: list[int], budget: int) -> list[dict]:
     for n in sizes:
         for arrangement in ARRANGEMENTS:
             text, groups = manifest_text(arrangement, n)
-            parse = _seconds(lambda: Manifest.from_json(text))
-            coverage = _seconds(lambda: [tiles_exactly(r, s) for s, r in groups])
+            parse = _seconds(lambda t=text: Manifest.from_json(t))
+            coverage = _seconds(lambda g=groups: [tiles_exactly(r, s) for s, r in g])
             pairwise, comparisons = _pairwise(groups, budget)
             rows.append({"fragments": sum(len(r) for _, r in groups), "arrangement": arrangement,
                          "manifest_mb": len(text) / 1e6, "parse_s": parse, "coverage_s": coverage,

@@ -48,9 +48,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from ucp.integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server  # noqa: E402
-from ucp.integrations.stacks.common import TrainSettings  # noqa: E402
-from ucp.tools.output import add_json_option, json_on_stdout, write_json  # noqa: E402
+from ucp.integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server
+from ucp.integrations.stacks.common import TrainSettings
+from ucp.tools.output import add_json_option, json_on_stdout, write_json
 
 SYSTEMS = ("ucp-hot", "ucp-restart", "dcp-restart", "deepspeed-universal")
 DEFAULT_SYSTEMS = SYSTEMS[:3]

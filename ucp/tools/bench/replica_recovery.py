@@ -91,7 +91,7 @@ def _worker(rank: int, world: int, port: int, args: dict, stores: dict, out: str
         lost = [k for k, r in rmap.arrays.items() if r.owner in args["lost"]]
         lost_bytes = sum(rmap.arrays[k].nbytes for k in lost)
         if rank == 0:
-            for name, root in stores.items():
+            for root in stores.values():
                 shutil.copytree(local, os.path.join(root, "step"))
         dist.barrier()
         files = CheckpointFiles(local)

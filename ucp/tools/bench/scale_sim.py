@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 task = bar.add_task(f"{name} {z}", total=None)
                 rows.append(run_scenario(SCENARIOS[name], ZERO[z], samples=args.samples,
                                          load_samples=args.load_samples, max_sources=args.max_load_sources,
-                                         progress=lambda: bar.advance(task)))
+                                         progress=lambda t=task: bar.advance(t)))
                 bar.remove_task(task)
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -164,6 +164,11 @@ def _load_worker(rank: int, world: int, port: int, names: list[str], paths: dict
         dist.destroy_process_group()
 
 
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
 def run_scenario(source: int, target: int, gib: float, workdir: str, repeats: int = 3) -> dict:
     names = tensor_names(gib)
     paths = {"ucp": os.path.join(workdir, "ucp"), "dcp": os.path.join(workdir, "dcp")}
@@ -175,7 +180,7 @@ def run_scenario(source: int, target: int, gib: float, workdir: str, repeats: in
     mp.spawn(_load_worker, args=(target, _free_port(), names, paths, out, repeats), nprocs=target, join=True)
     rows = {}
     for system in paths:
-        ranks = [json.load(open(os.path.join(out, f"{system}-{r}.json"))) for r in range(target)]
+        ranks = [_read_json(os.path.join(out, f"{system}-{r}.json")) for r in range(target)]
         per_repeat = [max(r["seconds"][i] for r in ranks) for i in range(repeats)]  # a load ends with its slowest rank
         rows[system] = {
             "seconds": statistics.median(per_repeat),
