@@ -159,6 +159,7 @@ def open_writer(
                        storage_options=writer_options.get("storage_options"))
     if failure is not None:
         raise failure
+    assert spec is None or isinstance(spec, FragmentMap), "resolved above, or the save failed"
     writer = CheckpointWriter(
         os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
         layout=lay, program=None if record is None else record.to_dict(), **writer_options,
@@ -290,7 +291,7 @@ def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = Non
         raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
     if rank is None and spec is not None:
         rank = spec.rank
-    tree_rank = rank if rank in manifest.states else min(manifest.states, default=0)
+    tree_rank = rank if rank is not None and rank in manifest.states else min(manifest.states, default=0)
     tree = manifest.states.get(tree_rank)
     targets_of = LoadTargets(into, skeleton(tree)) if into is not None else None
     into_tensors = state_tensors(targets_of.tree) if targets_of is not None else None

@@ -164,7 +164,7 @@ def convert(
                 if box is None:
                     writer.add(info.name, piece)
                 else:
-                    writer.add_region(info.name, box, piece)
+                    writer.add_region(info.name, box, piece)  # type: ignore[attr-defined]  # optional: hasattr above
                 done += piece.numel() * piece.element_size()
                 del piece
                 if done and info.nbytes >= 1 << 20:

@@ -43,13 +43,12 @@ def check_fragment(name: str, frag: Fragment, shape: tuple[int, ...], numel: int
                            source: str, algorithm: str | None, world_size: int) -> None:
     """Everything a reader relies on about one fragment, before any byte is read."""
     region = frag.region
-    is_box = isinstance(region, Box)
-    stored = region.sizes if is_box else (region.numel,)
+    stored = region.sizes if isinstance(region, Box) else (region.numel,)
     rows = stored[0] if stored else 1
     chunks = 0 if region.numel == 0 else -(-rows // frag.chunk_rows) if frag.chunk_rows else -1
     fine = (_SAFE_KEY.match(frag.key) and "/./" not in f"/{frag.key}/" and "/../" not in f"/{frag.key}/"
             and frag.rank < world_size
-            and (box_fits(region, shape) if is_box else region.stop <= numel)
+            and (box_fits(region, shape) if isinstance(region, Box) else region.stop <= numel)
             and frag.nbytes == region.numel * itemsize
             and 1 <= frag.chunk_rows <= max(1, rows)
             and chunks <= max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeGuard
 
 from ucp.errors import ManifestError
 
@@ -140,7 +140,7 @@ def region_to_dict(region: Region) -> dict:
     return {"flat": region.to_dict()}
 
 
-def region_from_dict(data: dict) -> Region:
+def region_from_dict(data: Any) -> Region:
     """Inverse of :func:`region_to_dict`; raises ManifestError on anything else.
 
     Coordinates must be JSON integers (not numbers with a fraction, strings or booleans)::
@@ -157,9 +157,9 @@ def region_from_dict(data: dict) -> Region:
             if _int_list(offsets) and _int_list(sizes) and len(offsets) == len(sizes):
                 return Box(tuple(map(int, offsets)), tuple(map(int, sizes)))
         elif type(flat) is dict and len(flat) == 2:
-            start, stop = flat.get("start"), flat.get("stop")
-            if _int_list((start, stop)) and start <= stop:
-                return FlatRange(int(start), int(stop))
+            ends = (flat.get("start"), flat.get("stop"))
+            if _int_list(ends) and ends[0] <= ends[1]:
+                return FlatRange(int(ends[0]), int(ends[1]))
     raise ManifestError(f"bad region {_shown(data)}: {_region_problem(data)}")
 
 
@@ -182,7 +182,7 @@ def _shown(data: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _int_list(values: object) -> bool:
+def _int_list(values: object) -> TypeGuard[Sequence[int]]:
     """A list of integers >= 0 (JSON gives ints; parts gathered in memory may hold numpy integers)."""
     if not isinstance(values, (list, tuple)):
         return False

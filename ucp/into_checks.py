@@ -112,7 +112,7 @@ def spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], stric
             import torch.distributed as dist
 
             rank = dist.get_rank()
-            check_into(key, tensor.to_local())
+            check_into(key, tensor.to_local())  # type: ignore[attr-defined]  # is_dtensor: a DTensor, told by name
             lt, specs[key] = dtensor_spec(key, tensor)
             if (lt.shape, lt.dtype) != (logical[key].shape, logical[key].dtype):
                 raise ShapeMismatchError(

@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from ucp.checksum import SUPPORTED as CHECKSUM_ALGORITHMS
 from ucp.dtypes import UnsupportedDtypeError, torch_dtype
@@ -271,8 +271,9 @@ class Manifest:
         def parse_entry(name: str, entry: dict, where: str) -> TensorEntry:
             return _tensor_from_dict(name, entry, where, algorithm, world_size)
 
-        return cls(tensors=ShardedTensors(index, shards, parse_entry, problems),
-                   states=ShardedStates(world_size, shards, checkpoint), **header)
+        # Format 2: mappings that parse on first use stand in for format 1's dicts.
+        return cls(tensors=ShardedTensors(index, shards, parse_entry, problems),  # type: ignore[arg-type]
+                   states=ShardedStates(world_size, shards, checkpoint), **header)  # type: ignore[arg-type]
 
     @property
     def format_version(self) -> int:
@@ -375,7 +376,7 @@ def _int(value: Any, where: str, *, low: int = 0, high: int = MAX_INT) -> int:
     return value
 
 
-def _plain_int(value: Any) -> bool:
+def _plain_int(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value <= MAX_INT
 
 

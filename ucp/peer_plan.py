@@ -78,6 +78,7 @@ class PeerPlan:
         """Elements by origin: ``own``, ``peer`` and ``storage``."""
         out = {"own": 0, "peer": 0, "storage": sum(r.numel for r in self.reads)}
         for f in self.fetches:
+            assert f.source is not None, "a fetch has a held source (reads from storage are in reads)"
             out["own" if f.source.rank == self.rank else "peer"] += f.numel
         return out
 

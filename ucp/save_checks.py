@@ -28,7 +28,8 @@ __all__ = ["check_tensor", "check_tensors", "check_pieces", "check_spec_fit", "c
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: the local shard of a DTensor, else the tensor itself."""
-    return tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor
+    # A DTensor, told by name (no torch.distributed import).
+    return tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor  # type: ignore[attr-defined]
 
 
 def check_tensor(tensor: torch.Tensor, *, key: str) -> str:

@@ -173,11 +173,13 @@ class ShardedTensors(Mapping):
         return list(self._good_items())
 
     def _good_items(self) -> Iterator[tuple[str, Any]]:
+        problems = self._problems
+        assert problems is not None, "items() reads with problems only when recording them"
         for name in self._index:
             try:
                 yield name, self[name]
             except ManifestError as err:
-                self._problems.append((name, err))
+                problems.append((name, err))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)

@@ -17,6 +17,7 @@ one extra element)::
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from ucp.geometry import Box, FlatRange, split_evenly
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
@@ -52,11 +53,11 @@ def split_fragment_map(
 
 def local_shapes(fmap: FragmentMap) -> dict[str, tuple[int, ...]]:
     """The local tensor shape each key needs under ``fmap``."""
-    out = {}
+    out: dict[str, tuple[int, ...]] = {}
     for key, spec in fmap.tensors.items():
         local = spec.pieces[0].local
-        if isinstance(local, FlatRange):
-            out[key] = (max(p.local.stop for p in spec.pieces),)
+        if isinstance(local, FlatRange):  # a map's pieces of one key are all flat or all boxes
+            out[key] = (max(cast(FlatRange, p.local).stop for p in spec.pieces),)
         else:
-            out[key] = tuple(max(p.local.stops[d] for p in spec.pieces) for d in range(local.ndim))
+            out[key] = tuple(max(cast(Box, p.local).stops[d] for p in spec.pieces) for d in range(local.ndim))
     return out

@@ -164,6 +164,7 @@ class StagingPool:
             self._in_use += nbytes
             self._peak = max(self._peak, self._in_use)
             arena = self._arena
+            assert arena is not None, "the arena exists while there is space in it"
         # Copy outside the lock: the writer may release other blocks meanwhile.
         raw = arena[start : start + tensor.numel() * tensor.element_size()]
         view = raw.view(tensor.dtype).view(tensor.shape) if tensor.numel() else torch.empty(

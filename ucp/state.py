@@ -56,7 +56,7 @@ class FlatState:
 
 def _tie_id(tensor: torch.Tensor) -> tuple | None:
     if type(tensor).__name__ == "DTensor":  # ties are between local shards
-        tensor = tensor.to_local()
+        tensor = tensor.to_local()  # type: ignore[attr-defined]  # a DTensor, told by name (no torch.distributed import)
     if not tensor.numel() or tensor.layout != torch.strided or tensor.is_nested or tensor.device.type == "meta":
         return None  # no memory to share (refused later, with its own message, if it is saved)
     return (tensor.device.type, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),

@@ -19,7 +19,7 @@ pickle the restricted unpickler accepts is for a load with ``allow_objects``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from ucp.errors import ManifestError
 from ucp.state import MAX_DEPTH
@@ -48,7 +48,7 @@ def check_state_tree(tree: Any, *, where: str) -> None:
         below: list = []
         for node in level:
             if type(node) is list:
-                children = node
+                children: Iterable[Any] = node
             elif len(node) == 1 and isinstance(tag := next(iter(node)), str) and tag.startswith("$"):
                 body = node[tag]
                 if _TAG_BODIES.get(tag) is not type(body) or not _plain_tag_body(tag, body):
@@ -80,11 +80,13 @@ def _raise_first_problem(tree: Any, where: str) -> None:
             raise ManifestError(f"{where}: nested deeper than {MAX_STATE_DEPTH} levels at {_show(trail)}; "
                                 "flatten that part of the state")
         if isinstance(node, list):
-            items = enumerate(node)
+            items: Iterable[tuple[Any, Any]] = enumerate(node)
         elif isinstance(node, dict):
             tag = next(iter(node)) if len(node) == 1 else None
-            plain = not (isinstance(tag, str) and tag.startswith("$"))
-            items = node.items() if plain else _tag_children(tag, node[tag], trail, where)
+            if isinstance(tag, str) and tag.startswith("$"):
+                items = _tag_children(tag, node[tag], trail, where)
+            else:
+                items = node.items()
         else:
             continue
         stack.extend((value, depth + 1, (key, trail)) for key, value in items)
@@ -93,7 +95,7 @@ def _raise_first_problem(tree: Any, where: str) -> None:
 
 def _tag_children(tag: str, body: Any, trail: Any, where: str) -> list[tuple[Any, Any]]:
     at = f"at {_show(trail)}"
-    wanted = _TAG_BODIES.get(tag)
+    wanted: Any = _TAG_BODIES.get(tag)  # a type or a tuple of types
     if wanted is None:
         raise ManifestError(f"{where}: unknown tag {_short(tag)} {at} (a newer format?)")
     if tag == "$float" and body not in _NON_FINITE:

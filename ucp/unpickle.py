@@ -107,6 +107,10 @@ class InertObject:
     """
 
     origin = "?"
+    args: tuple
+    kwargs: dict[str, Any]
+    state: Any
+    called: bool
 
     # __new__, not __init__: pickle's NEWOBJ opcode builds objects with cls.__new__(cls, *args)
     # and never calls __init__, and the arguments must be kept either way.
@@ -255,7 +259,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         self._budget = budget if budget is not None else ALLOC_FLOOR + ALLOC_PER_BYTE * _size_of(file)
         self._spent = 0
         # An attribute, not a method: torch.load installs its own storage loader the same way.
-        self.persistent_load = _refuse_persistent
+        self.persistent_load = _refuse_persistent  # type: ignore[method-assign]  # as torch.load does
 
     def _charge(self, full: str, cost: int) -> None:
         self._spent += cost

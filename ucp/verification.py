@@ -159,7 +159,8 @@ def _array_problems(storage: Store, reader: CheckpointReader, entry: TensorEntry
         extent = reader.pack_extent(frag)
         found = meta.get("shape") if isinstance(meta, dict) else None
         length = found[0] if isinstance(found, list) and len(found) == 1 and isinstance(found[0], int) else extent
-        shape, data_type, rows = (max(length, extent),), "uint8", max(length, extent)
+        shape: tuple[int, ...] = (max(length, extent),)
+        data_type, rows = "uint8", max(length, extent)
         problems = _pack_size_problems(storage, frag, what, shape[0])
     else:
         shape, data_type, rows = region_shape(frag.region), storage_dtype(entry.dtype), frag.chunk_rows

@@ -47,7 +47,7 @@ def write_plan(piece: ShardPiece, nbytes: int, tspec: TensorSpec) -> list[tuple[
         [Box(offsets=(512, 0), sizes=(512, 8192)), Box(offsets=(0, 0), sizes=(512, 8192))]
     """
     flat_local = isinstance(piece.local, FlatRange)
-    whole_local: Region = FlatRange(0, piece.local.numel) if flat_local else Box.full(piece.local.sizes)
+    whole_local: Region = FlatRange(0, piece.local.numel) if isinstance(piece.local, FlatRange) else Box.full(piece.local.sizes)
     if tspec.replicas == 1:
         return [(whole_local, piece.target)]
     if tspec.policy == "take-first":

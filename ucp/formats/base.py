@@ -314,6 +314,7 @@ def region_reader(shape: tuple[int, ...], dtype: str,
             return read_box(region)
         out = torch.empty(region.numel, dtype=getattr(torch, dtype))
         for piece in region_pieces(region, shape):
+            assert piece.span is not None, "the pieces of a flat range have spans"
             out[piece.span.start:piece.span.stop] = read_box(piece.box).reshape(-1)
         return out
 

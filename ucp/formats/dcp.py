@@ -103,6 +103,7 @@ class _Sink:
 
     def resolve_tensor(self, item: Any) -> torch.Tensor:
         view = self.out
+        assert view is not None, "only a sink made with out= resolves tensors"
         for dim, (start, length) in enumerate(zip(item.dest_offsets, item.lengths)):
             view = view.narrow(dim, start, length)
         return view
@@ -205,7 +206,7 @@ class DcpReader:
 
     def _run(self, plan: Any, sink: _Sink, what: str) -> None:
         try:
-            self._storage.read_data(plan, sink).wait()
+            self._storage.read_data(plan, sink).wait()  # type: ignore[arg-type]  # _Sink has the LoadPlanner methods read_data calls
         except UcpError:
             raise
         except Exception as err:  # noqa: BLE001 - DCP's reader on damaged or hostile bytes can raise anything
@@ -461,7 +462,7 @@ class DcpWriter:
         plan = self._storage.prepare_local_plan(SavePlan(self._pending_items))
         # Each batch is written like one rank's plan, so its files get their own prefix (__<batch>_).
         plan = self._storage.prepare_global_plan([SavePlan([])] * self._batches + [plan])[self._batches]
-        self._results.extend(self._storage.write_data(plan, _Source(self._pending)).wait())
+        self._results.extend(self._storage.write_data(plan, _Source(self._pending)).wait())  # type: ignore[arg-type]  # as _Sink
         self._batches += 1
         self._pending, self._pending_items, self._pending_bytes = {}, [], 0
 

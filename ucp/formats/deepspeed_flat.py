@@ -142,6 +142,7 @@ def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
             fetched.append(by_source[op.source])
         data = by_source[op.source]
         span = op.src.span
+        assert span is not None, "a flat source's pieces have spans"
         src = data[span.start:span.stop].view(op.src.box.sizes)[op.overlap.relative_to(op.src.box).slices()]
         out[op.overlap.relative_to(region).slices()] = src
     return out

@@ -19,6 +19,7 @@ read from the first stage that holds it.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Iterator
 
 from ucp.errors import FormatError
@@ -88,7 +89,7 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
                     continue
                 seen[name] = tuple(tensor.shape)
                 yield TensorInfo(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
-                                 lambda r, t=tensor, m=mapped: read_dense(t, r, mapped=m))
+                                 partial(read_dense, tensor, mapped=mapped))
 
 
 def _detect(path: str) -> bool:

@@ -126,8 +126,8 @@ def _to_plain(obj: Any, tensor: Callable[[torch.Tensor, str], str] | None, where
     raise FormatError(f"{type(obj).__module__}.{type(obj).__qualname__} at {where or 'the top'} is not plain data")
 
 
-def from_plain(data: Any, *, tensor: Callable[[str], Any] | None = None) -> Any:
-    """Inverse of :func:`to_plain`; ``tensor(name)`` resolves ``@tensor`` references."""
+def from_plain(data: Any, *, tensor: Callable[[Any], Any] | None = None) -> Any:
+    """Inverse of :func:`to_plain`; ``tensor(ref)`` resolves ``@tensor`` references (what to_plain's namer gave)."""
     return _from_plain(data, tensor, [])
 
 
@@ -135,7 +135,7 @@ _BUILDING = object()
 _CONTAINER_TAGS = frozenset({"@tuple", "@odict", "@dict", "@size", "@namespace", "@foreign"})
 
 
-def _from_plain(data: Any, tensor: Callable[[str], Any] | None, built: list) -> Any:
+def _from_plain(data: Any, tensor: Callable[[Any], Any] | None, built: list) -> Any:
     if not isinstance(data, (list, dict)):
         return data
     back = lambda value: _from_plain(value, tensor, built)  # noqa: E731
@@ -160,7 +160,7 @@ def _from_plain(data: Any, tensor: Callable[[str], Any] | None, built: list) -> 
     return result
 
 
-def _untag(tag: str, value: Any, back: Callable[[Any], Any], tensor: Callable[[str], Any] | None) -> Any:
+def _untag(tag: str, value: Any, back: Callable[[Any], Any], tensor: Callable[[Any], Any] | None) -> Any:
     if tag == "@tuple":
         return tuple(back(v) for v in value)
     if tag == "@size":

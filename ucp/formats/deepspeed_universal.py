@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from typing import Any, Iterator
 
 import torch
@@ -83,7 +84,7 @@ class DeepSpeedUniversalReader:
         self.params = sorted(n for n in os.listdir(self.zero_dir) if os.path.isdir(os.path.join(self.zero_dir, n)))
         self._files: dict[str, Any] = {}
         self._mapped: dict[str, bool] = {}
-        first = next(iter(self.model_states.values()), {})
+        first: dict = next(iter(self.model_states.values()), {})
         self.shapes = {name: tuple(int(s) for s in shape)
                        for ms in self.model_states.values() for group in ms.get("param_shapes") or []
                        for name, shape in group.items()}
@@ -102,6 +103,10 @@ class DeepSpeedUniversalReader:
         self._files.pop(os.path.join(self.zero_dir, param, f"{key}.pt"), None)  # one read per file in a conversion
         return out
 
+    def _read_as(self, param: str, dtype: torch.dtype, region: Any) -> torch.Tensor:
+        """The fp32 master of ``param`` cast to the module's ``dtype``."""
+        return self._read(param, "fp32", region).to(dtype)
+
     def _tensor(self, param: str, key: str) -> torch.Tensor:
         where = os.path.join(self.zero_dir, param, f"{key}.pt")
         tensor = _param_of(self._file(param, key), where)
@@ -115,7 +120,7 @@ class DeepSpeedUniversalReader:
         return tensor
 
     def _rank_states(self) -> tuple[dict[int, dict], dict[int, str]]:
-        ranks = {int(MODEL3_RE.match(n)[1]): n for n in self.model_states if MODEL3_RE.match(n)}
+        ranks = {int(m[1]): n for n in self.model_states if (m := MODEL3_RE.match(n))}
         return {r: self.model_states[n] for r, n in ranks.items()}, {
             r: os.path.join(self.step_dir, n) for r, n in ranks.items()}
 
@@ -141,7 +146,7 @@ class DeepSpeedUniversalReader:
                 module_names.add(name)
                 dtype = str(tensor.dtype).removeprefix("torch.")
                 if tensor.numel() or name not in self.shapes and shared.get(name) not in self.shapes:
-                    yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor: read_dense(t, r))
+                    yield TensorInfo(name, dtype, tuple(tensor.shape), partial(read_dense, tensor))
                     continue
                 owner = shared.get(name, name)
                 if not os.path.isfile(os.path.join(self.zero_dir, owner, "fp32.pt")) and owner in frozen:
@@ -149,25 +154,25 @@ class DeepSpeedUniversalReader:
                     yield TensorInfo(name, dtype, self.shapes[owner], zero3_frozen_reader(owner, *self._rank_states()))
                     continue
                 yield TensorInfo(name, dtype, self.shapes[owner],
-                                 lambda r, o=owner, d=tensor.dtype: self._read(o, "fp32", r).to(d))
+                                 partial(self._read_as, owner, tensor.dtype))
         for param in self.params:
             if not os.path.isfile(os.path.join(self.zero_dir, param, "fp32.pt")):
                 raise FormatError(f"{self.zero_dir}/{param} has no fp32.pt")
             trained = self._trained(param)
             if param not in module_names:  # a pipeline's (no module in its model states): only fp32 exists
                 t = self._tensor(param, "fp32")
-                yield TensorInfo(param, "float32", tuple(t.shape), lambda r, p=param: self._read(p, "fp32", r))
+                yield TensorInfo(param, "float32", tuple(t.shape), partial(self._read, param, "fp32"))
             if not trained:
                 continue
             for key in self._state_keys(param):
                 t = self._tensor(param, key)
                 yield TensorInfo(f"{param}/{key}", str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                 lambda r, p=param, k=key: self._read(p, k, r))
+                                 partial(self._read, param, key))
             if os.path.isfile(os.path.join(self.zero_dir, param, "step.pt")):
                 step = self._file(param, "step")
                 if isinstance(step, torch.Tensor):
                     yield TensorInfo(f"{param}/step", str(step.dtype).removeprefix("torch."), tuple(step.shape),
-                                     lambda r, t=step: read_dense(t, r))
+                                     partial(read_dense, step))
 
     def _group_members(self) -> list[list[str]]:
         per_file = [[list(group) for group in ms.get("param_shapes") or []] for ms in self.model_states.values()]
@@ -179,7 +184,7 @@ class DeepSpeedUniversalReader:
         return [list(dict.fromkeys(n for f in per_file if g < len(f) for n in f[g])) for g in range(count)]
 
     def state(self) -> TrainingState:
-        first = next(iter(self.model_states.values()), {})
+        first: dict = next(iter(self.model_states.values()), {})
         members = self._group_members()
         groups = []
         for g, hyper in enumerate(self.optimizer_state.get("param_groups") or []):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 import re
 from typing import Any, Callable, Iterator
 
@@ -210,7 +211,7 @@ class DeepSpeedZeroReader:
             dtype = str(tensor.dtype).removeprefix("torch.")
             if self.stage <= 2 or name in buffers:
                 mapped = self._mapped[next(iter(self.model_states))]
-                yield TensorInfo(name, dtype, tuple(tensor.shape), lambda r, t=tensor, m=mapped: read_dense(t, r, mapped=m))
+                yield TensorInfo(name, dtype, tuple(tensor.shape), partial(read_dense, tensor, mapped=mapped))
                 continue
             owner = shared.get(name, name)
             if owner in self._owner:
@@ -243,11 +244,11 @@ class DeepSpeedZeroReader:
                 for key in keys:
                     dtype = str(unit.dtype(name, key)).removeprefix("torch.")
                     yield TensorInfo(f"{name}/{key}", dtype, shape,
-                                     lambda r, u=unit, n=name, k=key: u.read(n, k, r))
+                                     partial(unit.read, name, key))
                 step = steps[unit.group_of[name]]
                 if isinstance(step, torch.Tensor):
                     yield TensorInfo(f"{name}/step", str(step.dtype).removeprefix("torch."), tuple(step.shape),
-                                     lambda r, t=step: read_dense(t, r))
+                                     partial(read_dense, step))
 
     def tensors(self) -> Iterator[TensorInfo]:
         yield from self._model_tensors()
@@ -300,7 +301,7 @@ class DeepSpeedZeroReader:
     def _model_states_plain(self) -> dict[str, Any]:
         out = {}
         for path, states in self.model_states.items():
-            rank = int(MODEL3_RE.match(os.path.basename(path))[1]) if MODEL3_RE.match(os.path.basename(path)) else 0
+            rank = int(m[1]) if (m := MODEL3_RE.match(os.path.basename(path))) else 0
 
             def ref(t: torch.Tensor, where: str, rank: int = rank, path: str = path) -> Any:
                 parts = where.split("/")

@@ -48,7 +48,7 @@ def flat_offset(shape: tuple[int, ...], offsets: tuple[int, ...]) -> int:
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     array = to_numpy(tensor.detach().to("cpu"))
     array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def _pread_into(fd: int, offset: int, view: memoryview, what: str) -> None:
@@ -94,7 +94,7 @@ def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box,
     row_bytes = trailing * itemsize
     if out.is_contiguous() and (not shape or _contiguous(shape, box)):
         start = flat_offset(shape, box.offsets) * itemsize if shape else 0
-        _pread_into(fd, offset + start, memoryview(to_numpy(out).reshape(-1).view(np.uint8)), what)
+        _pread_into(fd, offset + start, to_numpy(out).reshape(-1).view(np.uint8).data, what)
         return out
     # Read whole rows of dim 0 in slabs and copy the box's part of them.
     rows = max(1, SLAB_BYTES // max(1, row_bytes))
@@ -103,7 +103,7 @@ def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box,
         n = min(rows, box.sizes[0] - r0)
         slab = allocate((n,) + tuple(shape[1:]), dtype, what=what)
         _pread_into(fd, offset + (box.offsets[0] + r0) * row_bytes,
-                    memoryview(to_numpy(slab).reshape(-1).view(np.uint8)), what)
+                    to_numpy(slab).reshape(-1).view(np.uint8).data, what)
         out[r0:r0 + n] = slab[(slice(None),) + inner]
     return out
 

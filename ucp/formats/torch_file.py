@@ -36,6 +36,7 @@ import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -48,7 +49,7 @@ from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.staging import StagedOutput
 from ucp.formats.tensor_geometry import Geometry, check_geometry, check_loaded
-from ucp.geometry import Box
+from ucp.geometry import Box, Region
 from ucp.spec import LogicalTensor
 from ucp.unpickle import RestrictedUnpickler, torch_load
 
@@ -84,7 +85,7 @@ class _LazyUnpickler(RestrictedUnpickler):
 
     def __init__(self, file: Any, source: str = "") -> None:
         super().__init__(file, unknown="stand-in", source=source)
-        self.persistent_load = self._storage
+        self.persistent_load = self._storage  # type: ignore[method-assign]  # as torch.load does
 
     def _storage(self, pid: Any) -> Any:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
@@ -298,7 +299,7 @@ class TorchFileReader:
                 if leaf.device.type == "meta":
                     raise FormatError(f"{self.path}: tensor {name!r} was saved on the meta device and has no data")
                 yield TensorInfo(name, dtype_name(leaf.dtype), tuple(leaf.shape),
-                                 lambda region, t=leaf: slice_region(t, region).clone())
+                                 partial(_copy_of, leaf))
 
     def _stored_reader(self, name: str, t: LazyTensor):
         """Reads the storage elements ``t`` uses, from its first to its last (1-d)."""
@@ -409,7 +410,7 @@ class TorchFileWriter:
         self._left[name] -= write_at(self._fd, self._where[name][0] + start, data)
         from ucp.dtypes import to_numpy
 
-        self._crc[name] = zlib.crc32(memoryview(to_numpy(data).reshape(-1).view("uint8")), self._crc[name])
+        self._crc[name] = zlib.crc32(to_numpy(data).reshape(-1).view("uint8").data, self._crc[name])
 
     def set_state(self, state: TrainingState) -> None:
         if state.to_dict() != self._state.to_dict():
@@ -519,3 +520,8 @@ FORMAT = register_format(Format(
     open_reader=TorchFileReader,
     open_writer=TorchFileWriter,
 ))
+
+
+def _copy_of(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:
+    """``region`` of an in-memory tensor, copied (the loaded file's tensor stays untouched)."""
+    return slice_region(tensor, region).clone()

@@ -26,6 +26,7 @@ one fragment per shard. The state tree is the nested state (``model``, ``optim``
 from __future__ import annotations
 
 import os
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -110,7 +111,7 @@ class UcpReader:
         for name, key in self._names.items():
             entry = entries[key]
             yield TensorInfo(name, entry.dtype, tuple(entry.shape),
-                             lambda region, key=key: self._reader.read_tensor(key, region))
+                             partial(self._reader.read_tensor, key))
 
     def state(self) -> TrainingState:
         return self._state
@@ -156,7 +157,7 @@ class UcpWriter:
             from ucp.ucl.bind import load_program
 
             bound = load_program(program)  # text, a .ucl path, a preset name or reference
-        tilings = _layout_tilings(bound, lay, logical) if bound is not None else {}
+        tilings = _layout_tilings(bound, lay, logical) if bound is not None and lay is not None else {}
         self._keys: dict[str, dict[Box, str]] = {}
         specs: dict[str, TensorSpec] = {}
         for t in logical.values():

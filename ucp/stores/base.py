@@ -14,10 +14,11 @@ Example::
 from __future__ import annotations
 
 import math
+import operator
 import posixpath
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -42,6 +43,13 @@ class BaseStore:
         self._pack_cache: OrderedDict[str, bytes] = OrderedDict()  # pack -> its bytes, least recent first
         self._context: Any = None
         self._arrays: Any = None  # a TensorstoreArrays, made when an array first goes through tensorstore
+
+    if TYPE_CHECKING:  # each store defines these (see Store); the shared code below calls them
+        def kind(self) -> str | None: ...
+        def read_range(self, rel: str, start: int, length: int, *,
+                       what: str | None = None) -> tuple[bytes, int | None]: ...
+        def _write_plain(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
+                         hasher: Callable[[], Any] | None) -> list[Future]: ...
 
     @property
     def fs(self) -> Any:
@@ -119,7 +127,7 @@ class BaseStore:
             return digests
 
         done = self._pool().submit(job)
-        return [_then(done, lambda found, i=i: found[i]) for i in range(len(pieces))]
+        return [_then(done, operator.itemgetter(i)) for i in range(len(pieces))]
 
     def _writes_plain(self, array: np.ndarray, shape: tuple[int, ...], chunk_rows: int) -> bool:
         """Small one-chunk arrays skip tensorstore everywhere (opening one costs ~0.3 ms)."""

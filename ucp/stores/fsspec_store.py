@@ -25,13 +25,13 @@ import json
 import math
 import posixpath
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import fsspec
 import numpy as np
 import tensorstore as ts
 
-from ucp.errors import StorageURLError, UnsafePathError
+from ucp.errors import InvalidArgumentError, StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
 from ucp.manifest import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ucp.stores import errors
@@ -40,6 +40,9 @@ from ucp.stores.occupancy import PARTS_DIR, array_entries, exists_error
 from ucp.stores.options import StoreOptions
 from ucp.stores.tensorstore_arrays import TensorstoreArrays
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class FsspecStore(BaseStore):
@@ -51,6 +54,8 @@ class FsspecStore(BaseStore):
                  fs: fsspec.AbstractFileSystem | None = None, root: str | None = None) -> None:
         if fs is None:
             fs, root = _url_to_fs(url, storage_options)
+        elif root is None:
+            raise InvalidArgumentError(f"FsspecStore({url!r}, fs=...): give root= too, the checkpoint's path inside fs")
         super().__init__(url, fs, root.rstrip("/"), options=options)
         self.storage_options = storage_options
         self._memory = ts.KvStore.open({"driver": "memory"}, context=self.context).result()
@@ -155,7 +160,7 @@ class FsspecStore(BaseStore):
         self._memory.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
 
     # -- the commit strategy: the manifest, written last, is the marker -----------------
-    def staging(self, token: str) -> tuple["FsspecStore", str]:
+    def staging(self, token: str) -> tuple[Self, str]:
         """The target itself; each save's arrays under their own prefix (a concurrent save never writes over them)."""
         from ucp.commit import SHARED_TOKEN
 

@@ -18,6 +18,7 @@ an I/O path by passing one instead of patching private globals::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from ucp.errors import InvalidArgumentError
 
@@ -78,7 +79,7 @@ class StoreOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"StoreOptions.{f.name} must be an integer >= {low}, got {value!r}")
 
-    def with_(self, **changes: object) -> "StoreOptions":
+    def with_(self, **changes: Any) -> "StoreOptions":
         """A copy with some fields changed (checked like the constructor)."""
         return replace(self, **changes)
 

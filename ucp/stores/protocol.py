@@ -17,11 +17,14 @@ Example::
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from ucp.stores.options import StoreOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @runtime_checkable
@@ -63,10 +66,11 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # -- the commit strategy ----------------------------------------------------------
-    def staging(self, token: str) -> tuple["Store", str]: ...  # (where a save writes, its array key prefix)
-    def prepare_staging(self, staged: "Store", *, shared: bool, overwrite: bool) -> None: ...
-    def commit(self, staged: "Store", manifest: bytes, *, overwrite: bool, key_prefix: str) -> None: ...
-    def discard(self, staged: "Store", key_prefix: str) -> None: ...
+    # A store commits and discards only what its own staging() made (a store of its own kind): Self.
+    def staging(self, token: str) -> tuple[Self, str]: ...  # (where a save writes, its array key prefix)
+    def prepare_staging(self, staged: Self, *, shared: bool, overwrite: bool) -> None: ...
+    def commit(self, staged: Self, manifest: bytes, *, overwrite: bool, key_prefix: str) -> None: ...
+    def discard(self, staged: Self, key_prefix: str) -> None: ...
     def delete(self) -> None: ...
     def unfinished_save(self) -> str | None: ...  # why a root without a manifest is an interrupted save
     def sweep(self, *, child: Callable[[str], bool], skip: set[str]) -> tuple[list[str], list[tuple[str, str]]]: ...
