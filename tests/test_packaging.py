@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("packaging")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
