@@ -210,6 +210,8 @@ class MegatronReader:
                 return whole.reshape(-1)[target_box.start:target_box.stop].clone()
             out = torch.empty(target_box.sizes, dtype=dtype)
             for rank, key, local, target in runs:
+                # Megatron's files hold whole parameter shards: the program maps them box to box.
+                assert isinstance(local, Box) and isinstance(target, Box), "box pieces only"
                 overlap = target.intersect(target_box)
                 if overlap is None:
                     continue
