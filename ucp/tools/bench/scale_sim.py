@@ -3,7 +3,7 @@
 For each scenario (a model, a layout, with and without the distributed optimizer) it compiles
 the rank's fragment map from the shipped ``megatron-gpt`` UCL program
 (:func:`ucp.ucl.bind.spec_for_save`), plans the fragments the writer would record
-(:func:`ucp.fragment_plan.planned_fragments`: spreading over replicas, chunking, packing) and
+(:func:`ucp.save_plan.plan_save`, the writer's own plan: spreading over replicas, chunking, packing) and
 serialises them as the manifest would; then it plans a reshard load into another layout
 (``spec_for_load`` plus the reader's overlap planning against the saved fragments). It reports
 
@@ -51,10 +51,10 @@ from ucp import ucl
 from ucp.ucl.bind import local_shapes, spec_for_load, spec_for_save
 from ucp.ucl.declared import declared_logical
 from ucp.ucl.flat import contiguous_count
-from ucp.fragment_plan import planned_fragments
 from ucp.geometry import Box, FlatRange, plan_overlaps
 from ucp.layout import Layout
 from ucp.metadata_shards import GroupPlan, GroupSummary
+from ucp.save_plan import plan_save
 from ucp.spec import SPREAD_MIN_BYTES, LogicalTensor
 
 LLAMA_70B = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, heads=64, kv_heads=8, vocab_size=128256)
@@ -120,7 +120,7 @@ def save_rank(prog, lay: Layout, rank: int, logical: dict) -> RankSave:
     local = {k: (lt.shape, lt.dtype) for k, lt in local_shapes(spec_for_load(prog, lay, rank, logical)).items()}
     start = time.process_time()
     fmap = spec_for_save(prog, lay, rank, local, shapes=logical)
-    frags = planned_fragments(fmap, rank=rank)
+    frags = plan_save(fmap, rank=rank).fragments()
     seconds = time.process_time() - start
     # before ucl.flat made boxes, a flat buffer's share of a box was one piece per contiguous run
     runs = sum(map(len, frags.values())) + sum(
