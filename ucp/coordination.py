@@ -55,8 +55,10 @@ def utc_now() -> str:
 class SaveCoordinator(Protocol):
     """How the ranks of one save meet. ``part`` is this rank's metadata (:func:`ucp.parts.new_part`)."""
 
-    rank: int
-    world_size: int
+    @property
+    def rank(self) -> int: ...  # read-only: the coordinators are frozen values
+    @property
+    def world_size(self) -> int: ...
 
     def begin(self, path: str, *, overwrite: bool, storage_options: dict | None,
               options: StoreOptions) -> SaveTarget:
@@ -272,6 +274,7 @@ class ProcessGroup:
             parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dist.gather_object(part, parts, dst=self._global(0), group=self.group)
             if self.rank == 0:
+                assert parts is not None, "rank 0 gathered the parts"
                 try:
                     manifest = merge_parts(parts, created=utc_now())
                     commit(target, manifest)
@@ -295,7 +298,7 @@ class ProcessGroup:
             parts.append(box[0])
         summary = write_group_shard(parts, index=group, ranks=plan.ranks(group), seed=target.token,
                                     key_prefix=target.key_prefix, write=target.storage.write_bytes)
-        parts = None
+        del parts  # the group's parts are in its shard now
         if self.rank != 0:
             dist.send_object_list([summary], dst=self._global(0), group=self.group)
             return None

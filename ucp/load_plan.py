@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from ucp.errors import KeyMismatchError, ShapeMismatchError
 from ucp.geometry import Box, Piece, Region, plan_overlaps, region_fits
@@ -82,7 +82,7 @@ class LoadPlan:
         return {i: r.region.numel - f for i, (r, f) in enumerate(zip(self.requests, filled)) if r.region.numel != f}
 
 
-Target = Union[FragmentMap, Sequence[LoadRequest]]
+Target = FragmentMap | Sequence[LoadRequest]
 
 
 def requests_of(target: Target) -> tuple[LoadRequest, ...]:

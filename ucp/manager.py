@@ -312,10 +312,11 @@ class CheckpointManager:
             try:
                 if self.verify and self.rank == 0 and not _verified(path, self._storage_options):
                     raise ChecksumError(f"{path} does not verify (ucp verify {path})")
-                loaded, error = load_recording(path, into, filled=filled, **load_options), None
+                load_recording(path, into, filled=filled, **load_options)  # fills ``into`` in place
+                error: Exception | None = None
             except _DAMAGE as err:
-                loaded, error = None, err
-            except Exception as err:  # noqa: BLE001 - the caller's error: every rank raises it
+                error = err
+            except Exception as err:  # the caller's error: every rank raises it
                 self._agree(f"{type(err).__name__}: {err}", fatal=True)
                 raise
             damage = self._agree(None if error is None else f"{type(error).__name__}: {error}")
@@ -346,7 +347,7 @@ class CheckpointManager:
         saves still pending in this manager are never touched.
         """
         in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
-        removed, recovered = self._store.sweep(child=_STEP_DIR.match, skip=in_flight)
+        removed, recovered = self._store.sweep(child=lambda name: _STEP_DIR.match(name) is not None, skip=in_flight)
         for final, source in recovered:
             warnings.warn(f"recovered {final} from {source}, where an interrupted overwrite had moved it",
                           RestoreFallbackWarning, stacklevel=2)
@@ -407,6 +408,7 @@ class CheckpointManager:
             if not block and not handle.done():
                 return
             self._pending.pop(0)
+            assert self._saver is not None, "pending saves are async saves"
             try:
                 self._saver.wait()  # raises the failure (once) through the saver
             finally:

@@ -130,6 +130,8 @@ def plan_sources(target: FragmentMap, held: Sequence[HeldFragment], shapes: Mapp
     fetches: list[Fetch] = []
     reads: list[Fetch] = []
     for request in requests_of(target):  # the requests a load plan of the same map fills
+        dest = request.dest
+        assert dest is not None, "a fragment map's requests name their local tensor"
         shape = tuple(shapes[request.logical])
         remaining: list[tuple[Piece, Box]] = [(p, p.box) for p in region_pieces(request.region, shape)]
         for source in ordered.get(request.logical, ()):
@@ -139,9 +141,9 @@ def plan_sources(target: FragmentMap, held: Sequence[HeldFragment], shapes: Mapp
             for dst, box in remaining:
                 rest = [box]
                 for op in plan_overlaps([source.region], box, shape):
-                    fetches.append(Fetch(source, request.logical, request.dest, request.piece, dst, op.overlap))
+                    fetches.append(Fetch(source, request.logical, dest, request.piece, dst, op.overlap))
                     rest = [part for r in rest for part in subtract(r, op.overlap)]
                 left += [(dst, r) for r in rest]
             remaining = left
-        reads += [Fetch(None, request.logical, request.dest, request.piece, dst, box) for dst, box in remaining]
+        reads += [Fetch(None, request.logical, dest, request.piece, dst, box) for dst, box in remaining]
     return PeerPlan(target.rank, tuple(fetches), tuple(reads))

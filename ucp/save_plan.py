@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Mapping, Union
+from typing import Mapping
 
 from ucp.dtypes import torch_dtype
 from ucp.geometry import Region, region_shape
@@ -102,7 +102,7 @@ class ClosePack:
     nbytes: int
 
 
-Step = Union[WriteItem, ClosePack]
+Step = WriteItem | ClosePack
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,7 @@ def plan_tensor(cursor: SaveCursor, tensor: str, tspec: TensorSpec, logical: Map
                 if cursor.pack_key is None:
                     cursor = replace(cursor, pack_key=f"{cursor.key_prefix}r{cursor.rank}/pack-{cursor.counter:06d}",
                                      counter=cursor.counter + 1, pack_len=0)
+                assert cursor.pack_key is not None, "a pack is open"
                 steps.append(replace(item, key=cursor.pack_key, pack_offset=cursor.pack_len))
                 cursor = replace(cursor, pack_len=cursor.pack_len + nbytes + (-nbytes % rules.pack_align))
                 if cursor.pack_len >= rules.pack_target_bytes:
@@ -169,7 +170,7 @@ def plan_tensor(cursor: SaveCursor, tensor: str, tspec: TensorSpec, logical: Map
     return tuple(steps), cursor
 
 
-def close_pack(cursor: SaveCursor) -> tuple[tuple[Step, ...], SaveCursor]:
+def close_pack(cursor: SaveCursor) -> tuple[tuple[ClosePack, ...], SaveCursor]:
     """Close the open pack, if any (a flush, or the end of the save): the next small fragment opens a new one."""
     if cursor.pack_key is None:
         return (), cursor

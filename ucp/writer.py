@@ -85,7 +85,7 @@ class CheckpointWriter:
         overwrite: bool = False,
         storage_options: dict | None = None,
         layout: Any = None,
-        program: str | None = None,
+        program: dict | None = None,  # the program's record (ucp.programs.ProgramRecord.to_dict())
         pack_max_bytes: int | None = None,
         store_options: StoreOptions | None = None,
     ) -> None:
@@ -127,11 +127,10 @@ class CheckpointWriter:
         if _is_dtensor(tensor):
             from ucp.dtensor import dtensor_spec
 
-            logical, tspec = dtensor_spec(key, tensor)
-            self._add_pieces(key, tensor.to_local(), tspec, {logical.name: logical})
+            logical, dspec = dtensor_spec(key, tensor)
+            self._add_pieces(key, tensor.to_local(), dspec, {logical.name: logical})  # type: ignore[attr-defined]  # a DTensor
             return
-        tspec = self.spec.tensors.get(key) if self.spec is not None else None
-        if tspec is not None:
+        if self.spec is not None and (tspec := self.spec.tensors.get(key)) is not None:
             self._add_pieces(key, tensor, tspec, self.spec.logical)
             return
         # No spec: the tensor is whole, and (like DCP) replicated over all ranks.
@@ -155,6 +154,7 @@ class CheckpointWriter:
             while prepared < step.piece:
                 prepared += 1
                 data = self._prepare(tensor, tspec, prepared, logical)
+            assert data is not None, "the step's piece was prepared"
             self._write(step, data)
         while prepared < len(tspec.pieces) - 1:
             prepared += 1

@@ -408,7 +408,7 @@ class LocalStore(BaseStore):
                 continue  # someone else recovered (or saved) it meanwhile
             recovered.append((final, newest))
         removed = []
-        for name, entries in sorted(staged.items()):
+        for _, entries in sorted(staged.items()):
             for entry in sorted(entries):
                 path = os.path.join(self.root, entry)
                 if os.path.isdir(path):

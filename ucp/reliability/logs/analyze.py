@@ -42,7 +42,7 @@ from ucp.reliability.logs.metrics import failure_rates, fit_interarrivals, job_m
 from ucp.reliability.logs.miner import TemplateMiner
 from ucp.reliability.logs.parallel import run_in_process
 from ucp.reliability.logs.records import Event, InputCounters
-from ucp.reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, Partition, gc_paused,
+from ucp.reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, gc_paused,
                                    plan_partitions, scan_partition)
 from ucp.reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
 from ucp.reliability.logs.template_state import TemplateSet

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ucp.reliability.logs.envelope import Envelope, JsonRecord, learn_envelope, learn_json
+from ucp.reliability.logs.envelope import Envelope, learn_envelope, learn_json
 from ucp.reliability.logs.header import level_of
 from ucp.reliability.logs.records import InputCounters, LogRecord
 
