@@ -4,7 +4,8 @@ One GPU falling off the bus is followed, minutes later, by every rank's NCCL
 watchdog timing out. Those thousand lines are one incident, and its root cause
 is the GPU fault. Events are walked in time order; an event joins an open
 incident (last event no more than ``window_s`` earlier) that shares its job or
-node, and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
+node (an event without a node counts as its file's: a log without host names
+is one machine's or one stream's), and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
 timeouts) joins the most recent open incident even without a shared job or
 node, because cascades cross nodes. A failure of another category joins its node's
 incident only within ``window_s`` of the incident's start (a storm of one message that
@@ -109,12 +110,14 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                 g = by_job.get(ev.job)
                 if g is not None and t - groups[g].end <= window_s:
                     gid = g
-            if gid is None and ev.node is not None:
-                g = by_node_category.get((ev.node, ev.category))  # the node's incident of this kind first
+            # A line without a host is its file's: a log with no host names is one machine's, or one stream
+            source = ev.node if ev.node is not None else (ev.file,)
+            if gid is None:
+                g = by_node_category.get((source, ev.category))  # the node's incident of this kind first
                 if g is not None and t - groups[g].end <= window_s:
                     gid = g
-            if gid is None and ev.node is not None:
-                g = by_node.get(ev.node)
+            if gid is None:
+                g = by_node.get(source)
                 # Another kind of failure on the node joins only near the incident's start: a storm of one
                 # message every minute for hours would otherwise fold every later failure of its node.
                 if g is not None and t - groups[g].end <= window_s and (
@@ -140,9 +143,10 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
             latest_symptomatic = gid
         if ev.node is not None:
             grp.nodes.add(ev.node)
-            if ev.timestamp is not None:
-                by_node[ev.node] = gid
-                by_node_category[ev.node, ev.category] = gid
+        if ev.timestamp is not None:
+            source = ev.node if ev.node is not None else (ev.file,)
+            by_node[source] = gid
+            by_node_category[source, ev.category] = gid
         if ev.job is not None:
             grp.jobs.add(ev.job)
             if ev.timestamp is not None:
