@@ -152,18 +152,21 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
             if ev.timestamp is not None:
                 by_job[ev.job] = gid
         member[i] = gid
-    incidents = [_finish(gid, grp, taxonomy) for gid, grp in enumerate(groups)]
+    # a category's rank as a root cause, once per category rather than once per event
+    rank = {c: (symptom, taxonomy.root_rank(c)) for c, symptom in symptom_of.items()}
+    fatal = {c: taxonomy.is_fatal(c) for c in symptom_of}
+    incidents = [_finish(gid, grp, rank, fatal) for gid, grp in enumerate(groups)]
     return incidents, member
 
 
-def _finish(gid: int, grp: _Open, taxonomy: Taxonomy) -> Incident:
+def _finish(gid: int, grp: _Open, rank: dict, fatal: dict) -> Incident:
     events = grp.events
     if len(events) == 1:  # most incidents: skip the ranking and counting
         root = events[0]
         start = end = root.timestamp
         categories = {root.category: 1}
     else:
-        root = min(events, key=lambda e: (taxonomy.is_symptom(e.category), taxonomy.root_rank(e.category),
+        root = min(events, key=lambda e: (*rank[e.category],
                                           e.timestamp if e.timestamp is not None else math.inf, e.file, e.line))
         stamps = [e.timestamp for e in events if e.timestamp is not None]
         start, end = (min(stamps), max(stamps)) if stamps else (None, None)
@@ -173,7 +176,7 @@ def _finish(gid: int, grp: _Open, taxonomy: Taxonomy) -> Incident:
     return Incident(
         id=gid, start=start, end=end,
         root_category=root.category, root_node=root.node, root_job=root.job, root_file=root.file,
-        root_line=root.line, root_message=root.message[:300], fatal=taxonomy.is_fatal(root.category),
+        root_line=root.line, root_message=root.message[:300], fatal=fatal[root.category],
         event_count=len(events), categories=categories,
         nodes=tuple(grp.nodes) if len(grp.nodes) < 2 else tuple(sorted(grp.nodes)),
         jobs=tuple(grp.jobs) if len(grp.jobs) < 2 else tuple(sorted(grp.jobs)),
@@ -209,11 +212,12 @@ def lemon_nodes(incidents: list[Incident], *, nodes_seen: int, min_incidents: in
     total = sum(len(v) for v in by_node.values())
     mean = total / max(nodes_seen, len(by_node), 1)
     lemons = []
-    for node, incs in by_node.items():
+    # most nodes have too few incidents to need a tail probability; the rest get theirs in one scipy call
+    counted = [(node, incs) for node, incs in by_node.items() if len(incs) >= min_incidents]
+    tails = poisson.sf([len(incs) - 1 for _, incs in counted], mean) if mean > 0 and counted else None
+    for k, (node, incs) in enumerate(counted):
         count = len(incs)
-        if count < min_incidents:
-            continue  # most nodes: no need for the (slow, scipy) tail probability
-        p = float(poisson.sf(count - 1, mean)) if mean > 0 else 0.0
+        p = float(tails[k]) if tails is not None else 0.0
         if p < p_threshold:
             lemons.append(LemonNode(node=node, incidents=count, expected=mean, p_value=p,
                                     categories=dict(Counter(i.root_category for i in incs))))
