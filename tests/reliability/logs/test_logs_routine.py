@@ -67,3 +67,29 @@ def test_a_warning_from_many_nodes_is_not_one_daemons_routine(tmp_path, taxonomy
     result = analyze_logs([_write(tmp_path, [_line(s, t) for s, t in rows])], taxonomy=taxonomy,
                           options=AnalysisOptions(default_year=2024))
     assert len([e for e in result.events if "data_thread" in e.message]) == len(_polls())
+
+
+def test_the_report_plots_put_dates_on_the_time_axes(tmp_path, taxonomy, monkeypatch):
+    # item 5 of the envelope issue: days since the first failure told an operator nothing to match records by
+    from ucp.reliability.logs import report_plots
+
+    rows = sorted(_polls() + _others() + [(60 * k + 3, f"node{k % 3} kernel: Kernel panic - not syncing: fatal")
+                                          for k in range(0, 40, 4)])
+    result = analyze_logs([_write(tmp_path, [_line(s, t) for s, t in rows])], taxonomy=taxonomy,
+                          options=AnalysisOptions(default_year=2024))
+    labels = {}
+
+    def capture(fig):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        ticks = [t.get_text() for t in ax.get_xticklabels()] + [ax.xaxis.get_offset_text().get_text()]
+        labels[ax.get_title()] = (ax.get_xlabel(), " ".join(ticks))
+        return ""
+
+    monkeypatch.setattr(report_plots, "_figure_png", capture)
+    report_plots.plots(result)
+    time_axes = {title: v for title, v in labels.items() if "time" in title.lower() or "timeline" in title.lower()}
+    assert time_axes
+    for xlabel, ticks in time_axes.values():
+        assert xlabel.startswith("date (UTC)")
+        assert "2024" in ticks  # the date, not a day count
