@@ -74,14 +74,13 @@ def routine_templates(drafts: Sequence[tuple], keys: Mapping, template_of: Mappi
     sources: dict[int, set] = {}
     excluded: set[int] = set()
     serious: dict[tuple, list[tuple[float, int]]] = {}  # source -> (time, template) of its serious lines
-    daemon_of: dict[str, str] = {}  # per key: lines of one key share their header shape
+    per_key: dict[str, tuple] = {}  # key -> (template, serious, daemon): lines of one key share them
     for _file, _line, ts, node, _job, key, message in drafts:
-        info = keys[key]
-        tid = template_of[key]
-        daemon = daemon_of.get(key)
-        if daemon is None:
-            daemon = daemon_of[key] = _daemon(message)
-        if _serious(info, taxonomy):
+        known = per_key.get(key)
+        if known is None:
+            known = per_key[key] = (template_of[key], _serious(keys[key], taxonomy), _daemon(message))
+        tid, is_serious, daemon = known
+        if is_serious:
             if ts is not None:
                 serious.setdefault((node, daemon), []).append((ts, tid))
             excluded.add(tid)  # a serious template is never routine
