@@ -47,6 +47,7 @@ def test_a_bound_before_a_number_is_a_value_and_a_versioned_name_a_constant():
     assert template_tokens("lifetime 00:01") == ("lifetime", PARAM)
     assert template_tokens("open through proxy p:5070 SOCKS5") == ("open", "through", "proxy", "p:" + PARAM, "SOCKS5")
     assert template_tokens("node node3 up") == ("node", PARAM, "up")
+    assert template_tokens("host SRV01 up") == ("host", PARAM, "up")  # zero-padded: a counter, not a version
 
 
 def test_protocol_names_keep_two_events_apart():

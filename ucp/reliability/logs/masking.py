@@ -68,7 +68,8 @@ _KEY_VALUE = re.compile(r"([A-Za-z_][\w.-]*[=:])([^=,;]*)")
 _PARAM_RUN = re.compile(r"<\*>(?:[.:/,_-]*<\*>)+")
 _WORD_CHAR = re.compile(r"\w")
 # A name that ends in a version, written in capitals ("SOCKS5", "HTTP2", "SHA256", "IPv6", "EXT4"): a constant.
-VERSIONED_NAME = re.compile(r"[A-Z][A-Za-z]*[A-Z][A-Za-z]*\d{1,3}[.,;:)]?")
+# Zero-padded numbers are counters, not versions: "SRV01", "NODE007" stay values.
+VERSIONED_NAME = re.compile(r"[A-Z][A-Za-z]*[A-Z][A-Za-z]*[1-9]\d{0,2}[.,;:)]?")
 _UNITS = frozenset("B KB MB GB TB PB kB KiB MiB GiB TiB k K M G ms us ns s sec secs %".split())
 
 
