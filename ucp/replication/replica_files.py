@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-import tempfile
 
 import fsspec
 
 from ucp.replication.replica_map import ArrayRecord, FileRecord
 from ucp.checksum import digest
+from ucp.file_io import write_atomic
 from ucp.manifest import DATA_DIR, MANIFEST_NAME, Manifest
 
 
@@ -90,19 +90,8 @@ class CheckpointFiles:
         if not self.local:
             self.fs.pipe_file(target, data)  # object stores replace an object whole
             return
-        folder = os.path.dirname(target)
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".replica-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        write_atomic(target, data)
 
     def read_array(self, key: str, *, owner: int) -> tuple[ArrayRecord, bytes]:
         """The array ``data/<key>/`` as a record (sizes, digests) and its blob."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
@@ -39,6 +38,7 @@ from urllib.parse import quote, unquote
 from ucp.replication.cluster import DISK, MEMORY
 from ucp.replication.errors import PlacementInputError, ReplicaCapacityError
 from ucp.errors import ManifestError
+from ucp.file_io import write_atomic
 from ucp.fragment_checks import is_safe_key
 
 
@@ -219,15 +219,8 @@ class DiskTier(_BoundedTier):
     def _write(self, checkpoint, key, data):
         final = self._file(checkpoint, key)
         os.makedirs(os.path.dirname(final), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(final), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, final)  # a reader never sees half a blob
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        # No fsync: a copy torn by a power cut fails its digest and is dropped, never used.
+        write_atomic(final, data, durable=False)
 
     def _read(self, checkpoint, key):
         try:
