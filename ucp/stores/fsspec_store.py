@@ -31,6 +31,7 @@ import fsspec
 import numpy as np
 import tensorstore as ts
 
+from ucp.confined import relative_parts
 from ucp.errors import StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
 from ucp.manifest import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
@@ -89,8 +90,9 @@ class FsspecStore(BaseStore):
         return self.fs.size(self.path(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """One object put: readers see the old bytes or the new, never part."""
-        self.fs.pipe_file(self.path(rel), data)
+        """One object put: readers see the old bytes or the new, never part; never outside the root."""
+        relative_parts(rel, self.display())
+        self.fs.pipe_file(self.path(rel), bytes(data))
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Write ``rel`` only if it does not exist (FileExistsError); False where the filesystem cannot.

@@ -35,7 +35,7 @@ import numpy as np
 from ucp import confined
 from ucp.atomic_rename import rename_noreplace
 from ucp.errors import CheckpointExistsError, TensorTooLargeError
-from ucp.file_io import fsync_path, little_endian, write_all, write_atomic
+from ucp.file_io import fsync_path, little_endian, write_all
 from ucp.manifest import MANIFEST_NAME
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
@@ -145,10 +145,9 @@ class LocalStore(BaseStore):
         return info.st_size
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write a small file durably and atomically (:func:`ucp.file_io.write_atomic`)."""
-        target = self.path(rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        write_atomic(target, data)
+        """Write a small file durably and atomically, never outside the root (:func:`ucp.confined.write_inside`)."""
+        os.makedirs(self.root, exist_ok=True)
+        confined.write_inside(self.root, rel, data, real=self._real())
 
     def _real(self) -> str:
         if self._real_root is None:

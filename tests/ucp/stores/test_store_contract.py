@@ -69,6 +69,15 @@ def test_plain_bytes(make):
     store.remove()  # removing nothing is fine
 
 
+@pytest.mark.parametrize("rel", ["../out.json", "/out.json", "a/../../out.json", "a/./b.json", "a/"])
+def test_writes_stay_inside_the_root(make, rel):
+    store, beside = make("c"), make("out.json")
+    with pytest.raises(UnsafePathError, match=r"^'.*' is not a relative path of plain names inside the checkpoint .*; "
+                                              "refusing to write it$"):
+        store.write_bytes(rel, b"{}")
+    assert not beside.exists() and not store.exists("a")
+
+
 @pytest.mark.parametrize("shape, rows", [((10, 3), 4), ((7,), 7), ((), 1), ((5, 2, 3), 2)])
 def test_arrays_round_trip_chunk_by_chunk(make, shape, rows):
     store = make()
