@@ -39,7 +39,7 @@ def test_recovery_never_writes_through_a_link_out_of_the_checkpoint(tmp_path):
     os.symlink(outside, data)  # the arrays "missing" behind a link to a directory elsewhere
     with pytest.raises(ReplicaError) as err:
         replicas.recover(path)
-    key = sorted(rmap.arrays)[0]
+    key = min(rmap.arrays)
     assert str(err.value).startswith(f"cannot write array {key!r} into {path}: {data} resolves to {outside}, "
                                      f"outside the checkpoint {os.path.realpath(path)}; refusing to write into it - "
                                      "replace the link with a directory")
