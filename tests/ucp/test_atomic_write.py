@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from ucp import file_io
 from ucp.file_io import write_atomic
 
 OLD, NEW = b"old contents\n", b"n" * (1 << 20)
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the child imports this ucp
 
 
 def _half_then(fail):
@@ -86,7 +88,7 @@ def test_a_kill_mid_write_keeps_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "state.json"
     target.write_bytes(OLD)
     child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(target)], stdout=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert child.stdout.readline() == b"writing\n"
         os.kill(child.pid, signal.SIGKILL)
