@@ -133,12 +133,15 @@ def read_exact_into(root: str, rel: str, view: memoryview, *, size: int, real: s
     return info.st_size, got
 
 
-def relative_parts(rel: str, root: str) -> list[str]:
-    """The names of a path a store may write: relative, no ``.`` or ``..`` (else UnsafePathError naming ``root``)."""
+def relative_parts(rel: str, root: str, *, verb: str = "write") -> list[str]:
+    """The names of a path a store may read or write: relative, no ``.`` or ``..`` segment.
+
+    Anything else is an UnsafePathError naming ``root`` ("refusing to {verb} it").
+    """
     parts = rel.replace(os.sep, "/").split("/")
     if rel.startswith(("/", os.sep)) or os.path.isabs(rel) or not parts[-1] or any(p in (".", "..") for p in parts):
         raise UnsafePathError(f"{rel!r} is not a relative path of plain names inside the checkpoint {root}; "
-                              "refusing to write it")
+                              f"refusing to {verb} it")
     return parts
 
 

@@ -73,6 +73,7 @@ class FsspecStore(BaseStore):
         """Nothing to do: object keys need no parent directories."""
 
     def read_file(self, rel: str, *, limit: int, allowed: str) -> bytes:
+        relative_parts(rel, self.display(), verb="read")  # an absolute name would leave the root
         path = self.path(rel)
         info = self.fs.info(path)
         if info.get("type") != "file" or (info.get("size") or 0) > limit:
@@ -84,9 +85,11 @@ class FsspecStore(BaseStore):
 
     def read_range(self, rel: str, start: int, length: int, *, what: str | None = None) -> tuple[bytes, int | None]:
         """Bytes ``[start, start + length)`` of a file (fewer at its end); the size is not known (None)."""
+        relative_parts(rel, self.display(), verb="read")
         return self.fs.cat_file(self.path(rel), start=start, end=start + length), None
 
     def file_size(self, rel: str, *, what: str | None = None) -> int:
+        relative_parts(rel, self.display(), verb="read")
         return self.fs.size(self.path(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:

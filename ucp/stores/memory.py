@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 
+from ucp.confined import relative_parts
 from ucp.errors import UnsafePathError
 from ucp.stores.fsspec_store import FsspecStore
 
@@ -39,6 +40,7 @@ class MemoryStore(FsspecStore):
     def read_file(self, rel: str, *, limit: int, allowed: str) -> bytes:
         # fsspec's info() scans every key of the process's memory filesystem and its size
         # and cat_file() each copy the file; getvalue() of the file it keeps does neither.
+        relative_parts(rel, self.display(), verb="read")
         held = self.fs.store.get(self.fs._strip_protocol(self.path(rel)))
         if held is None:  # a directory, or nothing: as every fsspec store answers
             return super().read_file(rel, limit=limit, allowed=allowed)

@@ -98,6 +98,17 @@ def test_writes_stay_inside_the_root(make_plain, rel):
     assert not beside.exists() and not store.exists("a")
 
 
+def test_reads_stay_inside_the_root(make_plain):
+    store, beside = make_plain("c"), make_plain("c2")
+    beside.write_bytes("x.json", b"secret")
+    store.write_bytes("a/b.json", b"{}")
+    for rel in ("../c2/x.json", "/" + beside.path("x.json").lstrip("/"), "a/../../c2/x.json"):
+        for read in (lambda: store.read_file(rel, limit=99, allowed="a test allows"),
+                     lambda: store.read_range(rel, 0, 99), lambda: store.file_size(rel)):
+            with pytest.raises(UnsafePathError):
+                read()
+
+
 @pytest.mark.parametrize("shape, rows", [((10, 3), 4), ((7,), 7), ((), 1), ((5, 2, 3), 2)])
 def test_arrays_round_trip_chunk_by_chunk(make, shape, rows):
     store = make()
