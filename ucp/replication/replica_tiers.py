@@ -182,7 +182,10 @@ class MemoryTier(ReplicaTier):
 
     def corrupt(self, checkpoint: str, key: str) -> None:
         """Flip the first byte of a held blob (fault injection for tests and drills)."""
-        blob = bytearray(self.get(checkpoint, key))
+        held = self.get(checkpoint, key)
+        if held is None:
+            raise KeyError(f"replica tier holds no blob {key!r} of checkpoint {checkpoint}")
+        blob = bytearray(held)
         blob[0] ^= 0xFF
         self.store.write_bytes(self._file(checkpoint, key), bytes(blob))
 

@@ -92,7 +92,7 @@ class FsspecStore(BaseStore):
         relative_parts(rel, self.display(), verb="read")
         return self.fs.size(self.path(rel))
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
         """One object put: readers see the old bytes or the new, never part; never outside the root."""
         relative_parts(rel, self.display())
         self.fs.pipe_file(self.path(rel), bytes(data))

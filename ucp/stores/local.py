@@ -144,7 +144,7 @@ class LocalStore(BaseStore):
         os.close(fd)
         return info.st_size
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
         """Write a small file durably and atomically, never outside the root (:func:`ucp.confined.write_inside`)."""
         os.makedirs(self.root, exist_ok=True)
         confined.write_inside(self.root, rel, data, real=self._real())
