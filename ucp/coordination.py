@@ -88,6 +88,18 @@ class SaveCoordinator(Protocol):
         """The first rank's problem and the first fatal one, on every rank (:func:`ucp.agreement.agree`)."""
 
 
+def default_process_group() -> Any:
+    """The world group when torch.distributed is initialized with more than one rank, else None.
+
+    A save given neither ``process_group`` nor ``rank``/``world_size`` is a save of every rank
+    of the job, as with ``torch.distributed.checkpoint``: without it each rank would commit its
+    own shards alone. A save that only this rank makes passes ``world_size=1``.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
+
+
 def coordinator_for(*, process_group: Any = None, rank: int = 0, world_size: int = 1) -> SaveCoordinator:
     """The coordinator of a save by ``process_group``, or by rank ``rank`` of ``world_size`` without one."""
     if process_group is not None:

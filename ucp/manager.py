@@ -36,7 +36,7 @@ from ucp.errors import (ChecksumError, CheckpointNotFoundError, FormatError, Inc
                         InvalidArgumentError, ManifestError, RestoreError, RestoreFallbackWarning,
                         TensorTooLargeError, TruncatedDataError, UcpError)
 from ucp.commit import delete_checkpoint
-from ucp.coordination import coordinator_for
+from ucp.coordination import coordinator_for, default_process_group
 from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
 
 __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
@@ -74,7 +74,8 @@ class CheckpointManager:
     """Saves, prunes and restores the checkpoints of one training run under ``directory``.
 
     ``rank``/``world_size``/``process_group`` are passed to every save (for an
-    async save, prefer a dedicated group: see :mod:`ucp.async_saver`).
+    async save, prefer a dedicated group: see :mod:`ucp.async_saver`); given none of
+    them, with torch.distributed initialized, the group is the world, as for ``ucp.save``.
     ``staging_budget`` bounds the host memory of async saves (bytes).
     ``verify`` makes :meth:`latest`/:meth:`restore` check checksums of the
     candidate first (reads it whole). ``save_options`` go to every save
@@ -103,6 +104,10 @@ class CheckpointManager:
             raise InvalidArgumentError(f"retention {retention!r} has no keep method")
         from ucp.stores import open_store
 
+        if process_group is None and rank is None and world_size is None:
+            # As ucp.save: with torch.distributed initialized, the manager of every rank is one job's
+            # manager (one retention, one agreed restore), not one per rank.
+            process_group = default_process_group()
         if world_size not in (None, 1) and process_group is None:
             raise InvalidArgumentError(
                 f"world_size={world_size} needs a process_group to commit each save across ranks; "

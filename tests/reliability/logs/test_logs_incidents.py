@@ -134,3 +134,13 @@ def test_the_operator_reads_incidents_first_and_a_recurring_root_ranks_below_a_n
     news = [_ev(T0 + 3600 * 6, "gpu-a07", "hardware/gpu/xid-79", line=99)]
     incidents, _ = build_incidents(storms + news, taxonomy=taxonomy, window_s=900)
     assert ranked_incidents(incidents)[0].root_category == "hardware/gpu/xid-79"
+
+
+def test_failures_without_a_host_fold_by_their_file(taxonomy):
+    # A log with no host names (Apache's error log, Windows CBS): each event was its own incident before
+    events = [_ev(T0 + 10 * i, None, "software/kernel/panic", line=i + 1, file="error.log") for i in range(5)]
+    events += [_ev(T0 + 20, None, "software/kernel/panic", line=1, file="other.log"),
+               _ev(T0 + 5000, None, "software/kernel/panic", line=99, file="error.log")]
+    incidents, member = build_incidents(events, taxonomy=taxonomy, window_s=900)
+    assert member == [0, 0, 0, 0, 0, 1, 2]
+    assert [i.nodes for i in incidents] == [(), (), ()]

@@ -42,6 +42,7 @@ from ucp.reliability.logs.metrics import failure_rates, fit_interarrivals, job_m
 from ucp.reliability.logs.miner import TemplateMiner
 from ucp.reliability.logs.parallel import run_in_process
 from ucp.reliability.logs.records import Event, InputCounters
+from ucp.reliability.logs.routine import routine_templates
 from ucp.reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, gc_paused,
                                    plan_partitions, scan_partition)
 from ucp.reliability.logs.taxonomy import NORMAL, Taxonomy, load_taxonomy
@@ -238,9 +239,10 @@ def template_stats(merged: MergedScan, *, templates: TemplateSet) -> tuple[dict,
 
 
 def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
-           detector: Detector) -> tuple[dict, dict, tuple[DiscoveredCategory, ...], dict]:
+           detector: Detector, window_s: float = 900.0) -> tuple[dict, dict, tuple[DiscoveredCategory, ...], dict]:
     """Per key: template id and verdict; plus the discovered categories and method counts."""
     template_of, stats_of = template_stats(merged, templates=templates)
+    routine = routine_templates(merged.drafts, merged.keys, template_of, taxonomy=taxonomy, window_s=window_s)
     verdicts: dict[str, KeyVerdict] = {}
     methods: dict[str, int] = {}
     unknown: dict[int, list] = {}  # template id -> [(key, info, probability)] flagged without a category
@@ -250,6 +252,8 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
             verdict = KeyVerdict(info.rule, 1.0, "rule")
         elif not info.candidate:
             verdict = KeyVerdict(NORMAL, 1.0, "none")
+        elif tid in routine:
+            verdict = KeyVerdict(NORMAL, 1.0, "routine")
         else:
             p = detector.probability(info.evidence, stats_of[tid])
             if p < detector.threshold:
@@ -307,7 +311,7 @@ def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
               detector: Detector) -> LogAnalysis:
     """Decide every key, build events, incidents, rates and fits (the reduce step)."""
     template_of, verdicts, discovered, methods = decide(merged, taxonomy=taxonomy, templates=templates,
-                                                        detector=detector)
+                                                        detector=detector, window_s=options.window_s)
     line_categories: dict[str, int] = {}
     for key, info in merged.keys.items():
         cat = verdicts[key].category

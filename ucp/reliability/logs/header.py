@@ -43,6 +43,8 @@ _LETTERS = {"V": DEBUG, "D": DEBUG, "I": INFO, "N": INFO, "W": WARNING, "E": ERR
 _PRIORITY = (CRITICAL, CRITICAL, CRITICAL, ERROR, WARNING, INFO, INFO, DEBUG)
 
 _STAMP = re.compile(r"[\[(<]?\d[\d\-:/.,|+T_]*[\])>,:]?|-|\|")
+# An address ("183.62.156.108:22", "10.0.0.2,10.0.0.1") is all digits and dots too, but it is the message's subject.
+_ADDRESS = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.])")
 _BRACKETED = re.compile(r"[\[<(]([A-Za-z]+)[\]>)]:?")
 _PRI = re.compile(r"<(\d{1,3})>")
 _GLOG = re.compile(r"([IWEF])\d{4}")
@@ -75,7 +77,7 @@ def level_of(token: str, *, after_tag: bool = False) -> int | None:
 
 
 def _skip(tokens: list[str], i: int) -> int:
-    while i < len(tokens) and (not tokens[i] or _STAMP.fullmatch(tokens[i])):
+    while i < len(tokens) and (not tokens[i] or (_STAMP.fullmatch(tokens[i]) and not _ADDRESS.search(tokens[i]))):
         i += 1
     return i
 
@@ -106,6 +108,8 @@ def split_header(message: str) -> tuple[int | None, str]:
     pipe = _PIPE_HEADER.match(message)
     if pipe is not None:  # "20171223-22:15:29:606|Step_LSC|30002312|msg", or "Step_LSC|30002312|msg"
         message = message[pipe.end():]
+    if "\t" in message:  # tab-separated columns ("INFO\tdisk full"): a tab separates like a space
+        message = message.replace("\t", " ")
     tokens = message.split(" ")
     n = len(tokens)
     i = start = _skip(tokens, 0)

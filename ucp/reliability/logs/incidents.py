@@ -4,7 +4,8 @@ One GPU falling off the bus is followed, minutes later, by every rank's NCCL
 watchdog timing out. Those thousand lines are one incident, and its root cause
 is the GPU fault. Events are walked in time order; an event joins an open
 incident (last event no more than ``window_s`` earlier) that shares its job or
-node, and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
+node (an event without a node counts as its file's: a log without host names
+is one machine's or one stream's), and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
 timeouts) joins the most recent open incident even without a shared job or
 node, because cascades cross nodes. A failure of another category joins its node's
 incident only within ``window_s`` of the incident's start (a storm of one message that
@@ -109,12 +110,14 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                 g = by_job.get(ev.job)
                 if g is not None and t - groups[g].end <= window_s:
                     gid = g
-            if gid is None and ev.node is not None:
-                g = by_node_category.get((ev.node, ev.category))  # the node's incident of this kind first
+            # A line without a host is its file's: a log with no host names is one machine's, or one stream
+            source = ev.node if ev.node is not None else (ev.file,)
+            if gid is None:
+                g = by_node_category.get((source, ev.category))  # the node's incident of this kind first
                 if g is not None and t - groups[g].end <= window_s:
                     gid = g
-            if gid is None and ev.node is not None:
-                g = by_node.get(ev.node)
+            if gid is None:
+                g = by_node.get(source)
                 # Another kind of failure on the node joins only near the incident's start: a storm of one
                 # message every minute for hours would otherwise fold every later failure of its node.
                 if g is not None and t - groups[g].end <= window_s and (
@@ -140,26 +143,30 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
             latest_symptomatic = gid
         if ev.node is not None:
             grp.nodes.add(ev.node)
-            if ev.timestamp is not None:
-                by_node[ev.node] = gid
-                by_node_category[ev.node, ev.category] = gid
+        if ev.timestamp is not None:
+            source = ev.node if ev.node is not None else (ev.file,)
+            by_node[source] = gid
+            by_node_category[source, ev.category] = gid
         if ev.job is not None:
             grp.jobs.add(ev.job)
             if ev.timestamp is not None:
                 by_job[ev.job] = gid
         member[i] = gid
-    incidents = [_finish(gid, grp, taxonomy) for gid, grp in enumerate(groups)]
+    # a category's rank as a root cause, once per category rather than once per event
+    rank = {c: (symptom, taxonomy.root_rank(c)) for c, symptom in symptom_of.items()}
+    fatal = {c: taxonomy.is_fatal(c) for c in symptom_of}
+    incidents = [_finish(gid, grp, rank, fatal) for gid, grp in enumerate(groups)]
     return incidents, member
 
 
-def _finish(gid: int, grp: _Open, taxonomy: Taxonomy) -> Incident:
+def _finish(gid: int, grp: _Open, rank: dict, fatal: dict) -> Incident:
     events = grp.events
     if len(events) == 1:  # most incidents: skip the ranking and counting
         root = events[0]
         start = end = root.timestamp
         categories = {root.category: 1}
     else:
-        root = min(events, key=lambda e: (taxonomy.is_symptom(e.category), taxonomy.root_rank(e.category),
+        root = min(events, key=lambda e: (*rank[e.category],
                                           e.timestamp if e.timestamp is not None else math.inf, e.file, e.line))
         stamps = [e.timestamp for e in events if e.timestamp is not None]
         start, end = (min(stamps), max(stamps)) if stamps else (None, None)
@@ -169,7 +176,7 @@ def _finish(gid: int, grp: _Open, taxonomy: Taxonomy) -> Incident:
     return Incident(
         id=gid, start=start, end=end,
         root_category=root.category, root_node=root.node, root_job=root.job, root_file=root.file,
-        root_line=root.line, root_message=root.message[:300], fatal=taxonomy.is_fatal(root.category),
+        root_line=root.line, root_message=root.message[:300], fatal=fatal[root.category],
         event_count=len(events), categories=categories,
         nodes=tuple(grp.nodes) if len(grp.nodes) < 2 else tuple(sorted(grp.nodes)),
         jobs=tuple(grp.jobs) if len(grp.jobs) < 2 else tuple(sorted(grp.jobs)),
@@ -205,11 +212,12 @@ def lemon_nodes(incidents: list[Incident], *, nodes_seen: int, min_incidents: in
     total = sum(len(v) for v in by_node.values())
     mean = total / max(nodes_seen, len(by_node), 1)
     lemons = []
-    for node, incs in by_node.items():
+    # most nodes have too few incidents to need a tail probability; the rest get theirs in one scipy call
+    counted = [(node, incs) for node, incs in by_node.items() if len(incs) >= min_incidents]
+    tails = poisson.sf([len(incs) - 1 for _, incs in counted], mean) if mean > 0 and counted else None
+    for k, (node, incs) in enumerate(counted):
         count = len(incs)
-        if count < min_incidents:
-            continue  # most nodes: no need for the (slow, scipy) tail probability
-        p = float(poisson.sf(count - 1, mean)) if mean > 0 else 0.0
+        p = float(tails[k]) if tails is not None else 0.0
         if p < p_threshold:
             lemons.append(LemonNode(node=node, incidents=count, expected=mean, p_value=p,
                                     categories=dict(Counter(i.root_category for i in incs))))

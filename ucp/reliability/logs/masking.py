@@ -66,7 +66,10 @@ def mask(message: str) -> str:
 _DATE_WORDS = frozenset("Mon Tue Wed Thu Fri Sat Sun Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split())
 _KEY_VALUE = re.compile(r"([A-Za-z_][\w.-]*[=:])([^=,;]*)")
 _PARAM_RUN = re.compile(r"<\*>(?:[.:/,_-]*<\*>)+")
-_ONLY_PARAMS = re.compile(r"(?:<\*>|[^\w<>*])*<\*>(?:<\*>|[^\w<>*])*")
+_WORD_CHAR = re.compile(r"\w")
+# A name that ends in a version, written in capitals ("SOCKS5", "HTTP2", "SHA256", "IPv6", "EXT4"): a constant.
+# Zero-padded numbers are counters, not versions: "SRV01", "NODE007" stay values.
+VERSIONED_NAME = re.compile(r"[A-Z][A-Za-z]*[A-Z][A-Za-z]*[1-9]\d{0,2}[.,;:)]?")
 _UNITS = frozenset("B KB MB GB TB PB kB KiB MiB GiB TiB k K M G ms us ns s sec secs %".split())
 
 
@@ -77,14 +80,15 @@ def _template_token(token: str) -> str:
     # Paths and URLs are values: "/mnt/data/current/subdir7/blk_1", "HTTP/1.1" (but not "I/O")
     if "/" in token and (token[0] == "/" or token.count("/") > 1 or has_digit):
         return PARAM
-    if not has_digit:
+    if not has_digit or VERSIONED_NAME.fullmatch(token):
         return token
     token = _DIGIT_TOKEN.sub(PARAM, token)
     kv = _KEY_VALUE.fullmatch(token)
     if kv is not None and PARAM in kv.group(2):  # "rhost=<*>.<*>.example.org" -> "rhost=<*>"
         return kv.group(1) + PARAM
     token = _PARAM_RUN.sub(PARAM, token)
-    return PARAM if _ONLY_PARAMS.fullmatch(token) else token
+    # values and punctuation only ("(<*>", "<<*>" from "<1", ">=<*>"): one value
+    return token if _WORD_CHAR.search(token.replace(PARAM, "")) else PARAM
 
 
 def template_tokens(content: str) -> tuple[str, ...]:

@@ -12,7 +12,10 @@ are values, except that a position with few distinct values over its group
 "VM Started"/"VM Stopped" stay apart while user names merge). Last, a
 template that equals a more general one up to one of its constants joins it
 ("Invalid user user from <*>" is an instance of "Invalid user <*> from <*>"),
-as long as at least half of the general one stays constant. This is the
+as long as at least half of the general one stays constant. Templates with
+the same constants in the same order that differ only in how many tokens
+their values take ("0 bytes sent", "1268 bytes (1.23 KB) sent") are one
+template, in one run and against the known ones of earlier runs. This is the
 idea of the Brain parser (Yu et al., 2023), here without per-system settings.
 
 The result depends only on the set of sequences and their counts, never on
@@ -34,14 +37,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ucp.reliability.logs.masking import PARAM
+from ucp.reliability.logs.masking import PARAM, VERSIONED_NAME
 from ucp.reliability.logs.template_state import TemplateSet
 
 Tokens = tuple[str, ...]
 _WORDLIKE = re.compile(r"[A-Za-z][A-Za-z_-]*")
 # A value that may be a constant of its own template ("Started", "user=root", "initialization."), not a value
 # token (an address, a path, a masked number): few of them at one position keep the templates apart.
-_CONSTANT_LIKE = re.compile(r"(?:[\w.-]+[=:])?[A-Za-z][A-Za-z_-]*[.,;:!]?")
+_CONSTANT_LIKE = re.compile(r"(?:[\w.-]+[=:])?[A-Za-z][A-Za-z_-]*[.,;:!]?|" + VERSIONED_NAME.pattern)
 _KEY = re.compile(r"([A-Za-z_][\w.-]*[=:])[^=:]")
 
 
@@ -120,7 +123,57 @@ def group_sequences(counts: dict[Tokens, int], *, similarity: float = 0.5,
                     result[seq] = tuple(tokens)
                 else:
                     result[seq] = template
-    return _generalize(result)
+    return _join_variable_lengths(_generalize(result))
+
+
+def _join_variable_lengths(result: dict[Tokens, Tokens]) -> dict[Tokens, Tokens]:
+    """Templates with the same constant words in the same order, differing only in their values, become one.
+
+    A value may take several tokens or none ("0 bytes sent", "1268 bytes (1.23 KB)
+    sent"), which the grouping by length keeps apart. Joined when at least two
+    constants and at least half of every member's tokens are constants; where the
+    members' values differ between two constants, the joined template has one ``<*>``.
+    """
+    by_key: dict[Tokens, list[Tokens]] = {}
+    for template in set(result.values()):
+        key = constants_key(template)
+        if key is not None:
+            by_key.setdefault(key, []).append(template)
+    joined: dict[Tokens, Tokens] = {}
+    for key, templates in by_key.items():
+        if len(templates) > 1:
+            text = _aligned(key, templates)
+            joined.update((t, text) for t in templates)
+    return {seq: joined.get(t, t) for seq, t in result.items()} if joined else result
+
+
+def constants_key(template: Tokens) -> Tokens | None:
+    """The constants of a template in order, when there are enough of them to join on (else None)."""
+    key = tuple(t for t in template if t != PARAM)
+    return key if len(key) >= 2 and 2 * len(key) >= len(template) else None
+
+
+def _aligned(key: Tokens, templates: list[Tokens]) -> Tokens:
+    # the values between consecutive constants, per template: equal in all of them -> kept, else one <*>
+    def gaps(template: Tokens) -> list[Tokens]:
+        out, current = [], []
+        for token in template:
+            if token == PARAM:
+                current.append(token)
+            else:
+                out.append(tuple(current))
+                current = []
+        out.append(tuple(current))
+        return out
+
+    per = [gaps(t) for t in sorted(templates)]
+    tokens: list[str] = []
+    for i in range(len(key) + 1):
+        values = {g[i] for g in per}
+        tokens.extend(values.pop() if len(values) == 1 else (PARAM,))
+        if i < len(key):
+            tokens.append(key[i])
+    return tuple(tokens)
 
 
 def _generalize(result: dict[Tokens, Tokens]) -> dict[Tokens, Tokens]:
@@ -170,12 +223,18 @@ class TemplateMiner:
                 ids[seq] = tid
                 self.known.count(tid, n)
         grouped = group_sequences(fresh, distinct_values=self.distinct_values)
+        # a value of another length than the known template's: the known template, as within one run
+        joinable = {key: t.id for t in self.known if (key := constants_key(t.tokens)) is not None} if fresh else {}
         new_ids: dict[Tokens, int] = {}
         for seq, n in fresh.items():  # first-occurrence order: ids are reproducible
             template = grouped[seq]
             tid = new_ids.get(template)
             if tid is None:
-                tid = new_ids[template] = self.known.add(template, 0)
+                key = constants_key(template)
+                tid = joinable.get(key) if key is not None else None
+                if tid is None:
+                    tid = self.known.add(template, 0)
+                new_ids[template] = tid
             self.known.count(tid, n)
             ids[seq] = tid
         return ids

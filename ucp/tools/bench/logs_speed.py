@@ -26,6 +26,7 @@ import argparse
 import os
 import random
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -198,6 +199,16 @@ def main(argv=None) -> int:
         print(f"| ucp logs analyze, {label} | {wall:.1f} | {n / wall:,.0f} | {best_alone / wall:.1f}x | {cpu_cells} |")
     print(f"| drain3 TemplateMiner alone (in memory, 1 process) | {best_alone:.1f} | {n / best_alone:,.0f} | 1.0x | "
           f"{cpu_alone:.1f} | 1.0x |")
+    # Per repeat, the ratio of drain3's time to ours in the same repeat (runs alternate, so a noisy minute
+    # hits both): median and range over the repeats, wall and CPU.
+    print(f"\nper-repeat ratios drain3 / ours over {args.repeat} repeats, median (min-max):")
+    for w, parts in runs:
+        if w != 1:
+            continue
+        walls = sorted(d[0] / o[0] for o, d in zip(ours[(w, parts)], alone))
+        cpus = sorted(d[1] / o[1] for o, d in zip(ours[(w, parts)], alone))
+        print(f"- in this process, {parts or 'default'} partition(s): wall {statistics.median(walls):.2f}x "
+              f"({walls[0]:.2f}-{walls[-1]:.2f}), CPU {statistics.median(cpus):.2f}x ({cpus[0]:.2f}-{cpus[-1]:.2f})")
     return 0
 
 
