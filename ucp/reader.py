@@ -80,8 +80,9 @@ class CheckpointReader:
                  opened: tuple[Store, Manifest] | None = None, store_options: StoreOptions | None = None) -> None:
         """Open the checkpoint at ``path`` (``opened``: its store and manifest, when already read)."""
         self.path = str(path)
-        self.storage, self.manifest = opened or (None, None)
-        if self.storage is None:
+        if opened is not None:
+            self.storage, self.manifest = opened
+        else:
             self.storage = find_manifest(self.path, storage_options=storage_options, options=store_options)
             self.manifest = read_manifest(self.storage)
         self.options = self.storage.options
@@ -155,6 +156,7 @@ class CheckpointReader:
                 target_view = dest[item.overlap.relative_to(region).slices()] if region.ndim else dest
             else:
                 span = item.dst.span
+                assert span is not None, "the pieces of a flat range have spans"
                 block = dest.view(-1)[span.start : span.stop].view(item.dst.box.sizes)
                 target_view = block[item.overlap.relative_to(item.dst.box).slices()]
             self._copy(entries[item.request], item.fragment, item.src.box, item.src.span, item.overlap, target_view)
@@ -196,6 +198,7 @@ class CheckpointReader:
             strides = _row_major_strides(frag.region.sizes)
             base0 = 0
         else:
+            assert span is not None, "a flat fragment's pieces have spans"
             rel = overlap.relative_to(src_box)
             strides = _row_major_strides(src_box.sizes)
             base0 = span.start
@@ -227,6 +230,7 @@ class CheckpointReader:
             return False
         if isinstance(frag.region, Box):
             return overlap == frag.region
+        assert span is not None, "a flat fragment's pieces have spans"
         return span.start == 0 and span.stop == frag.region.numel and overlap == src_box
 
     def _read_straight(self, entry: TensorEntry, frag: Fragment, target_view: torch.Tensor) -> None:
@@ -334,5 +338,5 @@ class CheckpointReader:
         self._verified.add(_cache_key(frag, index))
 
     @staticmethod
-    def storage_chunk_key(array: np.ndarray, frag: Fragment, index: int) -> str:
+    def storage_chunk_key(array: np.ndarray | None, frag: Fragment, index: int) -> str:
         return chunk_key((0,) if frag.pack_offset is not None else region_shape(frag.region), index)

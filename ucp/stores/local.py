@@ -210,7 +210,7 @@ class LocalStore(BaseStore):
         try:
             for array in arrays:
                 digest = hasher() if hasher is not None else None
-                view = memoryview(array.reshape(-1).view(np.uint8))
+                view = array.reshape(-1).view(np.uint8).data
                 for start in range(0, view.nbytes, piece_bytes):
                     piece = view[start : start + piece_bytes]
                     if digest is not None:
@@ -284,7 +284,7 @@ class LocalStore(BaseStore):
         path = self.path(rel, chunk_key(shape, index))
         try:
             size, got = confined.read_exact_into(self.root, os.path.join(rel, chunk_key(shape, index)),
-                                                 memoryview(out.reshape(-1)).cast("B"), size=full,
+                                                 out.reshape(-1).data.cast("B"), size=full,
                                                  real=self._real(), what=what)
         except FileNotFoundError:
             raise errors.missing(what, path) from None
