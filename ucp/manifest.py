@@ -24,7 +24,7 @@ from ucp.dtypes import UnsupportedDtypeError, torch_dtype
 from ucp.errors import FormatVersionError, ManifestError
 from ucp.fragment_checks import check_fragment
 from ucp.geometry import Box, Region, overlapping_regions, region_from_dict, region_to_dict, tiles_exactly
-from ucp.programs import ProgramRecord
+from ucp.program_record import ProgramRecord
 from ucp.state_schema import check_state_tree
 
 FORMAT_VERSION = 1  # one manifest.json; format 2 (ucp.sharded_manifest) is a root plus metadata shards

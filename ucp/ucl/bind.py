@@ -27,7 +27,7 @@ from ucp.ucl.expr import Expr
 from ucp.ucl.parser import MAX_SOURCE_CHARS, parse
 from ucp.ucl.program import Program
 from ucp.layout import Layout
-from ucp.programs import ProgramRecord
+from ucp.program_record import ProgramRecord
 from ucp.spec import FragmentMap, LocalTensor, LogicalTensor  # noqa: F401 - re-exported
 
 
