@@ -37,7 +37,8 @@ from ucp.geometry import Box, Region, region_shape, region_to_dict
 from ucp.manifest import Fragment, Manifest
 from ucp.parts import json_safe, merge_parts, new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from ucp.storage import chunk_count, chunk_rows_for
+from ucp.stores.chunking import chunk_rows_for
+from ucp.zarr_array import chunk_count
 from ucp.save_checks import check_average, check_pieces, check_tensor
 from ucp.stores import DEFAULT_OPTIONS, StoreOptions
 from ucp.write_units import average_replicas, local_region, write_units

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
 
 from ucp.errors import FormatError, UcpError
+from ucp.format_hook import register_recogniser
 from ucp.geometry import Box, FlatRange, Region, region_pieces
 
 __all__ = [
@@ -236,6 +237,17 @@ def detect_format(path: str | os.PathLike) -> Format:
             "name the format with --from if it is one of these"
         )
     return found[0]
+
+
+def _recognise(url: str) -> Format | None:
+    """The core's question (:mod:`ucp.format_hook`): which registered format is at ``url``, if any."""
+    try:
+        return detect_format(url)
+    except UcpError:
+        return None
+
+
+register_recogniser(_recognise)
 
 
 def _safe_detect(fmt: Format, path: str) -> bool:

@@ -157,7 +157,7 @@ class FsspecStore(BaseStore):
     # -- the commit strategy: the manifest, written last, is the marker -----------------
     def staging(self, token: str) -> tuple["FsspecStore", str]:
         """The target itself; each save's arrays under their own prefix (a concurrent save never writes over them)."""
-        from ucp.commit import SHARED_TOKEN
+        from ucp.stores.occupancy import SHARED_TOKEN
 
         return self, "" if token == SHARED_TOKEN else f"{token}/"
 
