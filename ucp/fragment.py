@@ -1,7 +1,6 @@
 """One fragment of a manifest: a stored region of one logical tensor, written by one rank.
 
-    >>> from ucp.geometry import Box
-    >>> Fragment.from_dict({"key": "r0/w", "rank": 0, "region": {"offsets": [0], "sizes": [4]}, "nbytes": 16,
+    >>> Fragment.from_dict({"key": "r0/w", "rank": 0, "region": {"box": {"offsets": [0], "sizes": [4]}}, "nbytes": 16,
     ...                     "chunk_rows": 4}).region
     Box(offsets=(0,), sizes=(4,))
 """

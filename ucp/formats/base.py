@@ -257,6 +257,11 @@ def _safe_detect(fmt: Format, path: str) -> bool:
         return False
 
 
+def block_bytes_for(memory_budget: int) -> int:
+    """The largest piece of a tensor read at once: a quarter of the budget (the writer may hold as much again)."""
+    return max(1 << 20, memory_budget // 4)
+
+
 def blocks(shape: tuple[int, ...], dtype: str, max_bytes: int) -> tuple[Box, ...]:
     """Boxes of at most ``max_bytes`` (or one row of one element) tiling a tensor in row-major order.
 
