@@ -33,7 +33,7 @@ import tensorstore as ts
 
 from ucp.errors import StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
-from ucp.manifest import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
+from ucp.manifest_json import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
 from ucp.stores.occupancy import PARTS_DIR, array_entries, exists_error

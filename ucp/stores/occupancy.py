@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ucp.errors import CheckpointExistsError
-from ucp.manifest import DATA_DIR, MANIFEST_NAME
+from ucp.manifest_json import DATA_DIR, MANIFEST_NAME
 
 if TYPE_CHECKING:
     from ucp.stores.protocol import Store
