@@ -28,7 +28,7 @@ browser:
 	else echo "make: install Chromium (the HTML report test renders the page headless)" >&2; exit 1; fi
 
 test: $(STAMP) browser
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 bench: $(STAMP)
 	$(VENV)/bin/ucp bench

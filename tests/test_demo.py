@@ -8,11 +8,22 @@ import pytest
 from ucp.tools.cli import main
 from ucp.tools.demo import PLOT_NAME, run_demo
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("demo")
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The demo, run once for this module (it takes a minute): its report and the lines it said."""
+    lines: list[str] = []
+    report = run_demo(tmp_path_factory.mktemp("demo") / "demo", say=lines.append, steps=14, save_every=4,
+                      kill_after_step=10)
+    return report, lines
+
 
 @pytest.mark.slow
-def test_demo_kills_a_rank_resumes_on_another_layout_and_matches_the_reference(tmp_path):
-    lines: list[str] = []
-    report = run_demo(tmp_path / "demo", say=lines.append, steps=14, save_every=4, kill_after_step=10)
+def test_demo_kills_a_rank_resumes_on_another_layout_and_matches_the_reference(demo_run):
+    report, lines = demo_run
     r = report.recovery
     # The kill lands after step 10: step 8 is the last committed checkpoint, resumed on 6 ranks.
     assert r.killed_at_step >= 10 and r.resumed_from == 8 and r.final_step == 14
@@ -43,10 +54,24 @@ def test_demo_cli_rejects_too_few_steps(capsys):
 
 
 @pytest.mark.slow
-def test_demo_cli_json(tmp_path, capsys):
+def test_demo_cli_json(demo_run, tmp_path, capsys, monkeypatch):
+    """The command's wiring and its JSON, on the report of the run above (the demo is not run twice)."""
+    from ucp.tools import demo
+
+    calls = []
+
+    def the_run_above(directory, **options):
+        calls.append((directory, options))
+        options["say"]("a line the demo says")  # silenced: with --json, standard output is the report alone
+        return demo_run[0]
+
+    monkeypatch.setattr(demo, "run_demo", the_run_above)
     assert main(["demo", "--dir", str(tmp_path / "d"), "--steps", "12", "--json"]) == 0
+    ((directory, options),) = calls
+    assert directory == str(tmp_path / "d") and (options["steps"], options["save_every"]) == (12, 5)
+    assert options["kill_after_step"] == 7
     data = json.loads(capsys.readouterr().out)
-    assert data["killed_at_step"] >= 7 and data["resumed_from_step"] == 5 and data["final_step"] == 12
+    assert data["killed_at_step"] >= 10 and data["resumed_from_step"] == 8 and data["final_step"] == 14
     assert data["ettr"]["restarts"] == 1 and data["max_relative_error"] < 1e-4
     assert data["plot"].endswith(PLOT_NAME) and data["second_layout"] == "tp=2,dp=3,zero=1"
     assert data["hot"]["bitwise"] and data["hot"]["layout_after"] == "tp=2,dp=3,zero=1"

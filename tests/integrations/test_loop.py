@@ -11,6 +11,9 @@ from ucp.reliability.ettr.tracker import ETTRTracker
 from ucp.api import load
 from ucp.policies import EveryNSteps
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("loop")
+
 
 @pytest.fixture(scope="module")
 def uninterrupted_final(tmp_path_factory, jobs):

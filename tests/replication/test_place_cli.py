@@ -12,6 +12,9 @@ from ucp.tools.cli import main
 DATA = Path(__file__).parent / "data"
 from ucp.replication.scenarios import FAMILIES  # noqa: E402
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("place_cli")
+
 POLICIES = ["greedy", "group", "rack-aware", "rl", "static-random"]
 METRICS = ["ci95", "data_loss_events", "downtime_s", "ettr", "failures", "lost_work_s", "mean_recovery_s",
            "remote_share", "rollback_s", "storage_bytes", "storage_utilization"]

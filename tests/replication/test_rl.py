@@ -16,6 +16,9 @@ from ucp.replication.rl_policy import RLPolicy, train_policy
 from ucp.replication.simulator import Scenario, run_interval
 from ucp.replication.scenarios import family_trace
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("rl")
+
 SPEC = ClusterSpec()
 
 

@@ -14,6 +14,9 @@ from ucp.conversion import ConversionError
 from ucp.formats import get_format
 from ucp.formats.selection import SelectionError
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("export")
+
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 

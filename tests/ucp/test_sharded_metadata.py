@@ -31,6 +31,9 @@ from ucp.parts import new_part
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 from ucp.stores import StoreOptions
 
+# one worker runs this module, so its module-scoped fixture is built once (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("sharded_metadata")
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 WORLD = 5
 SHARDED = StoreOptions(metadata_shard_min_ranks=1)

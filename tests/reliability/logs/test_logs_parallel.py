@@ -71,4 +71,4 @@ def test_unreachable_scheduler_is_a_clear_error(tmp_path):
     from ucp.reliability.logs.errors import LogInputError
 
     with pytest.raises(LogInputError, match=r"cannot reach the Dask scheduler 'tcp://127.0.0.1:9'"):
-        analyze_logs([str(path)], run=dask_runner(scheduler="tcp://127.0.0.1:9"))
+        analyze_logs([str(path)], run=dask_runner(scheduler="tcp://127.0.0.1:9", connect_timeout_s=2))

@@ -15,7 +15,8 @@ from ucp.formats import get_format
 from ucp.formats.dcp import DcpReader
 from ucp.geometry import Box, FlatRange
 
-pytestmark = pytest.mark.slow
+# one worker runs this module: its session fixture (FSDP2 on 3 ranks) is built once (--dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp2_dcp")]
 
 
 def _reference(root):

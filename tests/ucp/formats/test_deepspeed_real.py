@@ -29,13 +29,12 @@ def _load_worker(ctx, case, root: str, out: str) -> None:
     the group down, and ends the process without an interpreter teardown (a spawned rank's teardown
     destroyed C++ objects whose threads DeepSpeed and gloo still ran: SIGABRT, "terminate called
     without an active exception", under load)."""
-    import deepspeed
-    import deepspeed.ops
     import torch.distributed as dist
 
+    from ucp.integrations.deepspeed.trainer import import_deepspeed
     from ucp.tools.fixtures.gen_deepspeed import _build, _config, _param_groups
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed = import_deepspeed()  # without DeepSpeed's compiled shared-memory all-reduce: gloo communicates
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=120))  # joins the launcher's group
     torch.manual_seed(99)  # different initial weights: everything must come from the checkpoint
     model = _build(case)

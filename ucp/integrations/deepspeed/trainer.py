@@ -46,8 +46,14 @@ def import_deepspeed():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         import deepspeed
+        import deepspeed.ops
     except ImportError as err:  # pragma: no cover - the extra is installed by `make test`
         raise ImportError("the DeepSpeed stack needs DeepSpeed: pip install 'ucp-middleware[deepspeed]'") from err
+    if not torch.cuda.is_available():
+        # On CPU, DeepSpeed's first init compiles a shared-memory all-reduce (minutes on a small machine,
+        # again for every new environment path, and a build killed midway leaves a lock that hangs every
+        # later init). It changes nothing in a checkpoint or a loss, so gloo communicates instead.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
 
 

@@ -47,10 +47,12 @@ def choose_workers(partitions: list[Partition], requested: int | None) -> int:
     return max(1, min(os.cpu_count() or 1, len(partitions)))
 
 
-def dask_runner(*, workers: int | None = None, scheduler: str | None = None) -> Callable:
+def dask_runner(*, workers: int | None = None, scheduler: str | None = None,
+                connect_timeout_s: float = 30.0) -> Callable:
     """A ``run(partitions, scan, progress=None)`` for :func:`~ucp.reliability.logs.analyze.analyze_logs`.
 
-    ``scheduler``: address of a running dask.distributed scheduler. Otherwise a
+    ``scheduler``: address of a running dask.distributed scheduler (given up on after
+    ``connect_timeout_s``). Otherwise a
     local cluster of ``workers`` processes (one thread each: the scan is
     pure Python) is started for the run and closed after it; with one worker
     (or ``workers=None`` on a small input) the scans run in this process.
@@ -67,7 +69,7 @@ def dask_runner(*, workers: int | None = None, scheduler: str | None = None) -> 
         cluster = None
         try:
             if scheduler is not None:
-                client = Client(scheduler, timeout="30s")
+                client = Client(scheduler, timeout=f"{connect_timeout_s}s")
             else:
                 cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                        dashboard_address=None, silence_logs=40)
