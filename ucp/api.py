@@ -19,6 +19,7 @@ import torch
 from ucp.dtypes import allocate, dtype_name
 from ucp.errors import InvalidArgumentError, UcpError
 from ucp.geometry import Box, FlatRange, Region, region_shape
+from ucp.coordination import default_process_group
 from ucp.layout import Layout
 from ucp.programs import compile_for_load, compile_for_save
 from ucp.into_checks import check_fits, is_dtensor, key_error, saved_extras, spec_for_into
@@ -164,20 +165,6 @@ def open_writer(
         layout=lay, program=None if record is None else record.to_dict(), **writer_options,
     )
     return flat, writer
-
-
-def default_process_group() -> Any:
-    """The world group when torch.distributed is initialized with more than one rank, else None.
-
-    A save given neither ``process_group`` nor ``rank``/``world_size`` is a save of every rank
-    of the job, as with ``torch.distributed.checkpoint``: without it each rank would commit its
-    own shards alone. A save that only this rank makes passes ``world_size=1``.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.group.WORLD
-    return None
 
 
 def _local_shapes(flat: FlatState) -> dict[str, tuple[tuple[int, ...], str]]:

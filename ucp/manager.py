@@ -36,6 +36,7 @@ from ucp.errors import (ChecksumError, CheckpointNotFoundError, FormatError, Inc
                         InvalidArgumentError, ManifestError, RestoreError, RestoreFallbackWarning,
                         TensorTooLargeError, TruncatedDataError, UcpError)
 from ucp.commit import delete_checkpoint
+from ucp.coordination import coordinator_for, default_process_group
 from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
 
 __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
@@ -73,7 +74,8 @@ class CheckpointManager:
     """Saves, prunes and restores the checkpoints of one training run under ``directory``.
 
     ``rank``/``world_size``/``process_group`` are passed to every save (for an
-    async save, prefer a dedicated group: see :mod:`ucp.async_saver`).
+    async save, prefer a dedicated group: see :mod:`ucp.async_saver`); given none of
+    them, with torch.distributed initialized, the group is the world, as for ``ucp.save``.
     ``staging_budget`` bounds the host memory of async saves (bytes).
     ``verify`` makes :meth:`latest`/:meth:`restore` check checksums of the
     candidate first (reads it whole). ``save_options`` go to every save
@@ -102,6 +104,10 @@ class CheckpointManager:
             raise InvalidArgumentError(f"retention {retention!r} has no keep method")
         from ucp.stores import open_store
 
+        if process_group is None and rank is None and world_size is None:
+            # As ucp.save: with torch.distributed initialized, the manager of every rank is one job's
+            # manager (one retention, one agreed restore), not one per rank.
+            process_group = default_process_group()
         if world_size not in (None, 1) and process_group is None:
             raise InvalidArgumentError(
                 f"world_size={world_size} needs a process_group to commit each save across ranks; "
@@ -117,6 +123,8 @@ class CheckpointManager:
         self.retention = retention
         self.verify = verify
         self.process_group = process_group
+        # How the ranks agree on what to restore (a save makes its own, from the same options).
+        self._coord = coordinator_for(process_group=process_group)
         self._rank = rank
         self._world_size = world_size
         self._saver = None
@@ -223,15 +231,7 @@ class CheckpointManager:
     def latest_checkpoint(self, *, verify: bool | None = None) -> tuple[int, str] | None:
         """``(step, path)`` of :meth:`latest`; rank 0 decides and broadcasts when a process group is in use."""
         verify = self.verify if verify is None else verify
-        found = self._find_latest(verify) if self.rank == 0 or not self._distributed() else None
-        if self._distributed():
-            import torch.distributed as dist
-
-            box = [found]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0)
-                                       if self.process_group is not None else 0, group=self.process_group)
-            found = box[0]
-        return found
+        return self._coord.broadcast(self._find_latest(verify) if self._coord.rank == 0 else None)
 
     # ----------------------------------------------------------------- saving
     def maybe_save(self, step: int, state: Any) -> str | None:
@@ -364,13 +364,6 @@ class CheckpointManager:
         for path in paths if self.replicas is not None else ():
             self.replicas.replicate(path)
 
-    def _distributed(self) -> bool:
-        import torch.distributed as dist
-
-        return (
-            self._world_size not in (None, 1) or self.process_group is not None
-        ) and dist.is_available() and dist.is_initialized()
-
     def _listing(self) -> list[tuple[int, str]] | str:
         """:meth:`checkpoints`, or why they cannot be listed (every rank raises it)."""
         try:
@@ -380,13 +373,7 @@ class CheckpointManager:
 
     def _broadcast(self, found: list[tuple[int, str]] | str | None) -> list[tuple[int, str]]:
         """Rank 0's committed checkpoints, newest first, on every rank."""
-        if self._distributed():
-            import torch.distributed as dist
-
-            box = [found]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0)
-                                       if self.process_group is not None else 0, group=self.process_group)
-            found = box[0]
+        found = self._coord.broadcast(found)
         if isinstance(found, str):
             raise RestoreError(found)
         return list(reversed(found or []))
@@ -396,15 +383,11 @@ class CheckpointManager:
 
         ``fatal`` marks a rank that is about to raise: the others raise too, naming it.
         """
-        if not self._distributed():
-            return problem
-        from ucp.agreement import agree
-
-        seen = agree(problem, fatal=fatal, group=self.process_group)
+        seen = self._coord.agree(problem, fatal=fatal)
         if seen.fatal is not None and not fatal:
             raise RestoreError(f"restore failed on rank {seen.fatal.rank}: {seen.fatal.message}")
         first = seen.first
-        if first is None or first.rank == self.rank:
+        if first is None or first.rank == self._coord.rank:
             return None if first is None else first.message
         return f"{first.message} (on rank {first.rank})"
 

@@ -10,8 +10,10 @@ then a peer's (spread over the holders), and storage only for what no survivor h
 It is the reader's geometry (:func:`ucp.geometry.plan_overlaps` over a logical
 tensor's regions) with more than one kind of source: a plan is a value, computed from
 plain data, so it is tested without processes; the executor that moves the bytes
-(:mod:`ucp.replication.hot_reshard`) is thin. Every element of every target piece is
-planned exactly once::
+(:mod:`ucp.replication.hot_reshard`) is thin. Its requests are those a load plan of the
+same map fills (:func:`ucp.load_plan.requests_of`); unlike a load plan's fragments, held
+regions may overlap (a rank's own copy and a peer's), so the first holder in order wins.
+Every element of every target piece is planned exactly once::
 
     >>> from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
     >>> lt = {"w": LogicalTensor("w", (4, 2), "float32")}
@@ -29,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ucp.geometry import Box, Piece, Region, plan_overlaps, region_pieces
+from ucp.load_plan import requests_of
 from ucp.spec import FragmentMap
 
 __all__ = ["HeldFragment", "Fetch", "PeerPlan", "plan_sources", "subtract"]
@@ -125,20 +128,19 @@ def plan_sources(target: FragmentMap, held: Sequence[HeldFragment], shapes: Mapp
     ordered = {name: _order(items, target.rank, world) for name, items in by_name.items()}
     fetches: list[Fetch] = []
     reads: list[Fetch] = []
-    for key, spec in target.tensors.items():
-        for index, piece in enumerate(spec.pieces):
-            shape = tuple(shapes[piece.logical])
-            remaining: list[tuple[Piece, Box]] = [(p, p.box) for p in region_pieces(piece.target, shape)]
-            for source in ordered.get(piece.logical, ()):
-                if not remaining:
-                    break
-                left: list[tuple[Piece, Box]] = []
-                for dst, box in remaining:
-                    rest = [box]
-                    for op in plan_overlaps([source.region], box, shape):
-                        fetches.append(Fetch(source, piece.logical, key, index, dst, op.overlap))
-                        rest = [part for r in rest for part in subtract(r, op.overlap)]
-                    left += [(dst, r) for r in rest]
-                remaining = left
-            reads += [Fetch(None, piece.logical, key, index, dst, box) for dst, box in remaining]
+    for request in requests_of(target):  # the requests a load plan of the same map fills
+        shape = tuple(shapes[request.logical])
+        remaining: list[tuple[Piece, Box]] = [(p, p.box) for p in region_pieces(request.region, shape)]
+        for source in ordered.get(request.logical, ()):
+            if not remaining:
+                break
+            left: list[tuple[Piece, Box]] = []
+            for dst, box in remaining:
+                rest = [box]
+                for op in plan_overlaps([source.region], box, shape):
+                    fetches.append(Fetch(source, request.logical, request.dest, request.piece, dst, op.overlap))
+                    rest = [part for r in rest for part in subtract(r, op.overlap)]
+                left += [(dst, r) for r in rest]
+            remaining = left
+        reads += [Fetch(None, request.logical, request.dest, request.piece, dst, box) for dst, box in remaining]
     return PeerPlan(target.rank, tuple(fetches), tuple(reads))

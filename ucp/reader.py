@@ -1,7 +1,7 @@
 """Reading a checkpoint: any region of any logical tensor, touching only overlapping chunks.
 
-The reader turns "fill this region of logical tensor X" into copy operations
-with :func:`ucp.geometry.plan_overlaps` (pure geometry) and executes them
+The reader turns "fill this region of logical tensor X" into a load plan
+(:func:`ucp.load_plan.plan_load`, pure geometry) and executes its read items
 against the stored fragments, chunk by chunk along dim 0, with a few chunks
 prefetched. Memory beyond the destination is a bounded buffer (a handful of
 chunks), whatever the sizes of the fragments. Each chunk read is checked
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -24,7 +24,8 @@ from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
 from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMismatchError
-from ucp.geometry import Box, FlatRange, Region, plan_overlaps, region_fits, region_shape
+from ucp.geometry import Box, FlatRange, Region, region_fits, region_shape
+from ucp.load_plan import LoadPlan, LoadRequest, plan_load
 from ucp.manifest import Fragment, Manifest, TensorEntry
 from ucp.spec import LogicalTensor
 from ucp.stores import Store, StoreOptions
@@ -131,18 +132,32 @@ class CheckpointReader:
     def read_into(self, name: str, region: Region, dest: torch.Tensor) -> None:
         """Fill ``dest`` (shaped like the region's storage: box sizes, or 1-d) with ``region`` of ``name``."""
         entry = self.entry(name)
-        _check_read(name, entry, region, dest)
-        frags = entry.fragments
-        dest_flat = dest.view(-1) if isinstance(region, FlatRange) else None
-        for op in plan_overlaps([f.region for f in frags], region, entry.shape):
-            frag = frags[op.source]
+        self.execute(plan_load({name: entry}, (LoadRequest(name, region),)), (dest,))
+
+    def execute(self, plan: LoadPlan, dests: Sequence[torch.Tensor]) -> None:
+        """Carry out a load plan (:func:`ucp.load_plan.plan_load` over this checkpoint's manifest):
+        ``dests[i]`` is filled with request ``i``'s region, shaped like its storage (box sizes, or 1-d).
+
+        Every destination is checked before anything is read::
+
+            plan = plan_load(reader.manifest, [LoadRequest("fc.weight", Box((4, 0), (4, 3)))])
+            reader.execute(plan, [torch.empty(4, 3)])
+        """
+        if len(dests) != len(plan.requests):
+            raise ShapeMismatchError(f"a load plan of {len(plan.requests)} requests needs as many destinations, "
+                                     f"got {len(dests)}")
+        entries = [self.entry(r.logical) for r in plan.requests]
+        for request, entry, dest in zip(plan.requests, entries, dests):
+            _check_read(request.logical, entry, request.region, dest)
+        for item in plan.items:
+            region, dest = plan.requests[item.request].region, dests[item.request]
             if isinstance(region, Box):
-                target_view = dest[op.overlap.relative_to(region).slices()] if region.ndim else dest
+                target_view = dest[item.overlap.relative_to(region).slices()] if region.ndim else dest
             else:
-                span = op.dst.span
-                block = dest_flat[span.start : span.stop].view(op.dst.box.sizes)
-                target_view = block[op.overlap.relative_to(op.dst.box).slices()]
-            self._copy(entry, frag, op.src.box, op.src.span, op.overlap, target_view)
+                span = item.dst.span
+                block = dest.view(-1)[span.start : span.stop].view(item.dst.box.sizes)
+                target_view = block[item.overlap.relative_to(item.dst.box).slices()]
+            self._copy(entries[item.request], item.fragment, item.src.box, item.src.span, item.overlap, target_view)
         self._chunks.clear()  # the buffer is per call: memory stays bounded across a whole load
 
     def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:

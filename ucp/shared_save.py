@@ -17,7 +17,8 @@ from __future__ import annotations
 from ucp.commit import SHARED_TOKEN, commit, existing, open_target, read_parts, write_part
 from ucp.errors import InvalidArgumentError
 from ucp.parts import merge_parts, new_part
-from ucp.writer import SaveResult, utc_now
+from ucp.coordination import utc_now
+from ucp.writer import SaveResult
 
 __all__ = ["finalize", "record_failure"]
 

@@ -3,9 +3,9 @@
 For each scenario (a model, a layout, with and without the distributed optimizer) it compiles
 the rank's fragment map from the shipped ``megatron-gpt`` UCL program
 (:func:`ucp.ucl.bind.spec_for_save`), plans the fragments the writer would record
-(:func:`ucp.fragment_plan.planned_fragments`: spreading over replicas, chunking, packing) and
+(:func:`ucp.save_plan.plan_save`, the writer's own plan: spreading over replicas, chunking, packing) and
 serialises them as the manifest would; then it plans a reshard load into another layout
-(``spec_for_load`` plus the reader's overlap planning against the saved fragments). It reports
+(``spec_for_load`` plus the reader's load plan, :func:`ucp.load_plan.plan_load`, against the saved fragments). It reports
 
 * fragments in all and per rank (max over the ranks computed), and what the same layout cost
   with one fragment per contiguous run (the decomposition before ``ucp.ucl.flat`` made boxes);
@@ -51,10 +51,12 @@ from ucp import ucl
 from ucp.ucl.bind import local_shapes, spec_for_load, spec_for_save
 from ucp.ucl.declared import declared_logical
 from ucp.ucl.flat import contiguous_count
-from ucp.fragment_plan import planned_fragments
-from ucp.geometry import Box, FlatRange, plan_overlaps
+from ucp.geometry import Box, FlatRange
 from ucp.layout import Layout
+from ucp.load_plan import LoadRequest, plan_load
+from ucp.manifest import TensorEntry
 from ucp.metadata_shards import GroupPlan, GroupSummary
+from ucp.save_plan import plan_save
 from ucp.spec import SPREAD_MIN_BYTES, LogicalTensor
 
 LLAMA_70B = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, heads=64, kv_heads=8, vocab_size=128256)
@@ -120,7 +122,7 @@ def save_rank(prog, lay: Layout, rank: int, logical: dict) -> RankSave:
     local = {k: (lt.shape, lt.dtype) for k, lt in local_shapes(spec_for_load(prog, lay, rank, logical)).items()}
     start = time.process_time()
     fmap = spec_for_save(prog, lay, rank, local, shapes=logical)
-    frags = planned_fragments(fmap, rank=rank)
+    frags = plan_save(fmap, rank=rank).fragments()
     seconds = time.process_time() - start
     # before ucl.flat made boxes, a flat buffer's share of a box was one piece per contiguous run
     runs = sum(map(len, frags.values())) + sum(
@@ -170,6 +172,8 @@ def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, sa
     for r in peers:
         for name, fl in saved[r].frags.items():
             by_tensor.setdefault(name, []).extend(fl)
+    saved_entries = {name: TensorEntry(name, logical[name].dtype, logical[name].shape, tuple(fl))
+                     for name, fl in by_tensor.items()}
     start = time.process_time()
     fmap = spec_for_load(prog, target, rank, logical)
     ops, touched, unplanned = 0, set(), 0
@@ -178,8 +182,8 @@ def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, sa
         for piece in spec.pieces:
             if isinstance(piece.target, Box) and piece.target.ndim == 0:
                 continue  # a scalar every rank holds (the step): one fragment, written by any stage
-            frags = by_tensor.get(piece.logical, [])
-            found = plan_overlaps([f.region for f in frags], piece.target, logical[piece.logical].shape)
+            found = plan_load(saved_entries, (LoadRequest(piece.logical, piece.target),)).items \
+                if piece.logical in saved_entries else ()
             if not found and saved[peers[0]].replicas.get(piece.logical, 1) > beyond_dp:
                 unplanned += 1
                 continue
@@ -187,7 +191,7 @@ def load_rank(prog, source: Layout, target: Layout, rank: int, logical: dict, sa
                 raise SystemExit(f"rank {rank} of {target}: the source ranks of its pipeline stage do not cover "
                                  f"{piece.logical} {piece.target}: a reshard that changes pp is not simulated")
             ops += len(found)
-            touched |= {frags[op.source].rank for op in found}
+            touched |= {item.fragment.rank for item in found}
     seconds = time.process_time() - start
     shard_bytes = sum(saved[r].bytes + saved[r].state_bytes for r in touched)
     return {"rank": rank, "seconds": seconds, "copy_ops": ops, "source_ranks": len(touched),
