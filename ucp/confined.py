@@ -1,5 +1,7 @@
 """Opening a checkpoint's local files safely: inside the checkpoint, regular, and read within bounds.
 
+(And writing them: :func:`write_inside` never writes through a link that leads out of the checkpoint.)
+
 A checkpoint directory may come from anyone. Every local file a reader opens
 goes through :func:`open_inside`, which refuses (:class:`~ucp.errors.UnsafePathError`)
 
@@ -131,13 +133,56 @@ def read_exact_into(root: str, rel: str, view: memoryview, *, size: int, real: s
     return info.st_size, got
 
 
-def _check_inside(fd: int, path: str, real: str, lead: str) -> None:
+def relative_parts(rel: str, root: str, *, verb: str = "write") -> list[str]:
+    """The names of a path a store may read or write: relative, no ``.`` or ``..`` segment.
+
+    Anything else is an UnsafePathError naming ``root`` ("refusing to {verb} it").
+    """
+    parts = rel.replace(os.sep, "/").split("/")
+    if rel.startswith(("/", os.sep)) or os.path.isabs(rel) or not parts[-1] or any(p in (".", "..") for p in parts):
+        raise UnsafePathError(f"{rel!r} is not a relative path of plain names inside the checkpoint {root}; "
+                              f"refusing to {verb} it")
+    return parts
+
+
+def write_inside(root: str, rel: str, data: bytes | memoryview, *, real: str | None = None) -> None:
+    """Write ``root/rel`` atomically (:func:`ucp.file_io.write_atomic`), making its directories, inside the root.
+
+    Each directory on the way is opened and checked to be inside the (existing) root before
+    anything is made in it or written to it, and the write goes through the opened directory:
+    a directory that is a link out of the checkpoint (``data/r0 -> /home``) is refused
+    (UnsafePathError) with nothing written or made outside, as is an absolute or ``..`` path.
+    """
+    from ucp.file_io import write_atomic
+
+    parts = relative_parts(rel, root)
+    real = real if real is not None else real_root(root)
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for depth, part in enumerate(parts[:-1]):
+            if not part:
+                continue  # "a//b"
+            try:
+                os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            inner = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            _check_inside(fd, os.path.join(root, *parts[:depth + 1]), real, "", refusal=(
+                "refusing to write into it - replace the link with a directory"))
+        write_atomic(parts[-1], data, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _check_inside(fd: int, path: str, real: str, lead: str,
+                  refusal: str = "refusing to read it - replace the link with the file itself") -> None:
     try:  # the path of the file actually opened (Linux); elsewhere the path resolved now
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         opened = os.path.realpath(path)
     if opened != real and not opened.startswith(real.rstrip(os.sep) + os.sep):
         raise UnsafePathError(
-            f"{lead}{path} resolves to {opened}, outside the checkpoint {real}; refusing to read it - "
-            "replace the link with the file itself"
+            f"{lead}{path} resolves to {opened}, outside the checkpoint {real}; {refusal}"
         )

@@ -1,8 +1,9 @@
 """Small primitives of plain-file I/O that the storage layer builds on.
 
 Whole writes and reads of a buffer (a single ``write``/``read`` may move less
-than asked, and at most ~2 GiB), fsync of a path, digests of arrays, and a
-future that is already done::
+than asked, and at most ~2 GiB), fsync of a path, the one way ucp replaces a
+file atomically (:func:`write_atomic`), digests of arrays, and a future that is
+already done::
 
     >>> import io
     >>> view = memoryview(bytearray(3))
@@ -12,7 +13,10 @@ future that is already done::
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import uuid
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -66,3 +70,87 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# Answers to open(O_TMPFILE) meaning "not on this kernel or file system" (an old kernel sees O_DIRECTORY).
+_NO_TMPFILE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EISDIR, errno.EINVAL, errno.ENOENT}
+# Answers to fsync of a directory meaning "this file system does not do that" (some network file systems).
+_NO_DIR_FSYNC = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF}
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | memoryview, *, durable: bool = True,
+                 dir_fd: int | None = None) -> None:
+    """Replace the file ``path`` with ``data``: a reader sees the old bytes or the new, never a part.
+
+    The bytes go into a file of the same directory that has no name yet (Linux ``O_TMPFILE``;
+    elsewhere a hidden ``.<name>.<random>.tmp``), are fsynced, get a temporary name and are
+    renamed onto ``path``; then the directory is fsynced, so the rename survives a power cut
+    too. ``durable=False`` skips both fsyncs (a kill still leaves the old or the new file:
+    the page cache survives the process). An exception removes the temporary file; a process
+    killed while writing leaves none where ``O_TMPFILE`` works (it has no name until written).
+    ``dir_fd``: ``path`` is relative to that open directory (:mod:`ucp.confined` writes that way,
+    so no link swapped in on the way can lead the write out of a checkpoint).
+
+    Example::
+
+        write_atomic("ckpt/replicas.json", b"{}")
+    """
+    path = os.fspath(path)
+    parent, name = os.path.split(path)
+    tmp = os.path.join(parent, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    view = memoryview(data).cast("B")
+    try:
+        if not _write_unnamed(parent, tmp, view, durable, dir_fd):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666,
+                         dir_fd=dir_fd)
+            try:
+                _fill(fd, view, durable)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    if durable and os.name != "nt":  # Windows cannot open a directory to fsync it
+        fd = os.open(parent or ".", os.O_RDONLY, dir_fd=dir_fd)
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            if err.errno not in _NO_DIR_FSYNC:
+                raise
+        finally:
+            os.close(fd)
+
+
+def _write_unnamed(parent: str, tmp: str, view: memoryview, durable: bool, dir_fd: int | None) -> bool:
+    """Write into an ``O_TMPFILE`` and link it as ``tmp``; False (nothing written) where there is none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return False
+    try:  # an O_TMPFILE is named through /proc without privileges (open(2)); no /proc, no O_TMPFILE
+        proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        try:
+            fd = os.open(parent or ".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666, dir_fd=dir_fd)
+        except OSError as err:
+            if err.errno in _NO_TMPFILE:
+                return False
+            raise
+        try:
+            _fill(fd, view, durable)
+            # src_dir_fd makes Python call linkat(AT_SYMLINK_FOLLOW): link(2) would link the /proc entry itself.
+            os.link(str(fd), tmp, src_dir_fd=proc, dst_dir_fd=dir_fd, follow_symlinks=True)
+            return True
+        finally:
+            os.close(fd)
+    finally:
+        os.close(proc)
+
+
+def _fill(fd: int, view: memoryview, durable: bool) -> None:
+    write_all(fd, view)
+    if durable:
+        os.fsync(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from ucp.replication.policies import GroupPlacement, StaticRandom
 from ucp.replication.replica_files import CheckpointFiles
 from ucp.replication.replica_map import REPLICA_MAP_NAME, ArrayRecord, FileRecord, Holder, ReplicaMap
 from ucp.replication.replica_plan import RankInfo, node_ranks, plan_replication
-from ucp.replication.replica_tiers import CheckpointMeta, DiskTier, MemoryTier
+from ucp.replication.replica_tiers import CheckpointMeta, DiskTier, MemoryTier, ReplicaTier
 from ucp.replication.replica_transfer import Transfer, rounds
 from ucp.replication.replicas import ReplicaManager
 from ucp.errors import ManifestError
+from ucp.stores import FsspecStore
 
 
 def _meta(gen: int, path: str = "/c") -> CheckpointMeta:
@@ -26,7 +28,10 @@ def _meta(gen: int, path: str = "/c") -> CheckpointMeta:
 
 
 @pytest.mark.parametrize("make", [lambda tmp: MemoryTier(capacity_bytes=1000),
-                                  lambda tmp: DiskTier(tmp / "tier", capacity_bytes=1000)], ids=["memory", "disk"])
+                                  lambda tmp: DiskTier(tmp / "tier", capacity_bytes=1000),
+                                  lambda tmp: ReplicaTier(FsspecStore(f"memory://tier-{uuid.uuid4().hex}"), tier="disk",
+                                                          capacity_bytes=1000)],
+                         ids=["memory", "disk", "any-store"])
 def test_tier_evicts_older_checkpoints_first_and_refuses_what_never_fits(tmp_path, make):
     tier = make(tmp_path)
     for gen in (1, 2, 3):
@@ -45,6 +50,19 @@ def test_tier_evicts_older_checkpoints_first_and_refuses_what_never_fits(tmp_pat
     assert isinstance(err.value, MemoryError)
     tier.discard("ck4", "r0/a")
     assert not tier.has("ck4", "r0/a") and tier.checkpoint_bytes("ck4") == 6
+
+
+def test_a_memory_tier_frees_its_bytes_when_it_goes():
+    import gc
+
+    tier = MemoryTier(capacity_bytes=1000)
+    tier.put_meta("ck", _meta(1))
+    tier.put("ck", "r0/a", b"x" * 100)
+    store = tier.store
+    assert store.exists("ck")
+    del tier
+    gc.collect()
+    assert not store.exists("ck") and not store.exists()
 
 
 def test_disk_tier_outlives_its_process(tmp_path):

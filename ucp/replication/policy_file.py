@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ucp.file_io import write_atomic
 from ucp.replication.errors import PolicyFileError
 
 FORMAT = "ucp-placement-policy"
@@ -109,15 +109,7 @@ def save_policy(model, path, *, trained: dict | None = None) -> None:
                 tensors[f"optimizer/{index}/{name}"] = state[name].detach().cpu().contiguous().reshape(-1) \
                     if name == "step" else state[name].detach().cpu().contiguous()
     data = save(tensors, metadata={METADATA_KEY: config.to_json()})
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)  # a reader never sees half a policy
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data)  # a reader never sees half a policy
 
 
 def read_policy(path) -> PolicyFile:

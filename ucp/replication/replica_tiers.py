@@ -7,12 +7,14 @@ against ``capacity_bytes``; a put that does not fit evicts whole older checkpoin
 oldest ``generation`` first, never the checkpoint being written, and raises
 :class:`~ucp.replication.errors.ReplicaCapacityError` when even that is not enough.
 
-- :class:`MemoryTier`: host memory of the process (lost with it).
-- :class:`DiskTier`: a local directory; a new process opening the same directory
-  sees what the previous one held (each file written atomically: temporary + rename).
+A tier is built on a :class:`~ucp.stores.Store`: the blobs are files
+``<checkpoint>/<quoted key>.blob`` and ``<checkpoint>/meta.bin`` in it, written and read
+by the store (atomic writes, confined reads), so any store can hold replicas:
 
-Both satisfy :class:`ReplicaTier`, a small interface (put/get/has/evict/bytes_held)
-that a later store protocol can adapt.
+- :class:`MemoryTier`: host memory of the process (a private ``memory://`` store; lost with it).
+- :class:`DiskTier`: a local directory (a :class:`~ucp.stores.LocalStore`); a new process
+  opening the same directory sees what the previous one held.
+- ``ReplicaTier(open_store(url), tier="disk", capacity_bytes=...)``: any other store.
 
 Example::
 
@@ -31,15 +33,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
+import weakref
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
-from ucp.replication.cluster import DISK, MEMORY
-from ucp.replication.errors import PlacementInputError, ReplicaCapacityError
 from ucp.errors import ManifestError
 from ucp.fragment_checks import is_safe_key
+from ucp.manifest import MAX_MANIFEST_BYTES
+from ucp.replication.cluster import DISK, MEMORY, TIERS
+from ucp.replication.errors import PlacementInputError, ReplicaCapacityError
+from ucp.stores import LocalStore, Store
 
 
 @dataclass(frozen=True)
@@ -56,40 +60,32 @@ class CheckpointMeta:
         return len(self.manifest) + len(self.replica_map) + len(self.path)
 
 
-@runtime_checkable
-class ReplicaTier(Protocol):
-    """A bounded place for replica blobs. ``tier`` is a placement tier name (``memory`` or ``disk``)."""
+class ReplicaTier:
+    """A bounded place for replica blobs in a :class:`~ucp.stores.Store` (see the module docstring).
 
-    tier: str
-    capacity_bytes: int
+    ``tier`` is a placement tier name (``memory`` or ``disk``). Opening a store that an earlier
+    tier filled picks up what it held. Every byte goes in and out through the store's own
+    reads and writes: atomic, confined to its root, never more than the tier recorded.
+    """
 
-    def put(self, checkpoint: str, key: str, blob: bytes) -> None: ...
-    def get(self, checkpoint: str, key: str) -> bytes | None: ...
-    def has(self, checkpoint: str, key: str) -> bool: ...
-    def evict(self, checkpoint: str) -> int: ...
-    def discard(self, checkpoint: str, key: str) -> None: ...
-    def checkpoint_bytes(self, checkpoint: str) -> int: ...
-    def bytes_held(self) -> int: ...
-    def put_meta(self, checkpoint: str, meta: CheckpointMeta) -> None: ...
-    def get_meta(self, checkpoint: str) -> CheckpointMeta | None: ...
-    def checkpoints(self) -> list[str]: ...
-    def keys(self, checkpoint: str) -> list[str]: ...
-
-
-class _BoundedTier:
-    """Capacity and eviction over a backend that stores ``(checkpoint, key) -> bytes``."""
-
-    tier = MEMORY
-
-    def __init__(self, *, capacity_bytes: int) -> None:
+    def __init__(self, store: Store, *, tier: str, capacity_bytes: int) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise PlacementInputError(f"capacity_bytes must be an integer >= 0, got {capacity_bytes!r}")
-        self.capacity_bytes = capacity_bytes
+        if tier not in TIERS:
+            raise PlacementInputError(f"replica tier must be one of {', '.join(TIERS)}, got {tier!r}")
+        self.store, self.tier, self.capacity_bytes = store, tier, capacity_bytes
         self._sizes: dict[str, dict[str, int]] = {}  # checkpoint -> key -> blob bytes
         self._metas: dict[str, CheckpointMeta] = {}
-
-    # Subclasses store the bytes: _write(checkpoint, key, data), _read(checkpoint, key) -> bytes | None,
-    # _drop(checkpoint, key); key None is the checkpoint's metadata (for _drop: everything of it).
+        for checkpoint in store.listdir():
+            try:
+                raw = store.read_file(f"{checkpoint}/{_META_FILE}", limit=_META_LIMIT,
+                                      allowed="replica metadata may hold")
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # a checkpoint whose metadata never landed is not usable: ignored
+            self._metas[checkpoint] = _parse_meta(raw, where=store.display(checkpoint, _META_FILE))
+            self._sizes[checkpoint] = {
+                _blob_key(store.display(checkpoint, name), name): store.file_size(f"{checkpoint}/{name}")
+                for name in store.listdir(checkpoint) if name.endswith(".blob")}
 
     # -- the interface
     def bytes_held(self) -> int:
@@ -106,16 +102,25 @@ class _BoundedTier:
         return key in self._sizes.get(checkpoint, {})
 
     def get(self, checkpoint: str, key: str) -> bytes | None:
-        return self._read(checkpoint, key) if self.has(checkpoint, key) else None
+        size = self._sizes.get(checkpoint, {}).get(key)
+        if size is None:
+            return None
+        try:
+            return self.store.read_file(self._file(checkpoint, key), limit=size,
+                                        allowed="the replica tier recorded for it")
+        except FileNotFoundError:
+            return None  # gone behind the tier's back: no copy here
 
     def get_meta(self, checkpoint: str) -> CheckpointMeta | None:
         return self._metas.get(checkpoint)
 
     def put_meta(self, checkpoint: str, meta: CheckpointMeta) -> None:
+        if not checkpoint or "/" in checkpoint or checkpoint in (".", ".."):
+            raise PlacementInputError(f"replica tier: checkpoint id {checkpoint[:80]!r} must be one plain name")
         old = self._metas.get(checkpoint)
         self._make_room(checkpoint, meta.nbytes - (old.nbytes if old else 0), generation=meta.generation)
         head = json.dumps({"path": meta.path, "generation": meta.generation, "manifest_bytes": len(meta.manifest)})
-        self._write(checkpoint, None, head.encode() + b"\n" + meta.manifest + meta.replica_map)
+        self.store.write_bytes(self._file(checkpoint, None), head.encode() + b"\n" + meta.manifest + meta.replica_map)
         self._metas[checkpoint] = meta
         self._sizes.setdefault(checkpoint, {})
 
@@ -126,7 +131,7 @@ class _BoundedTier:
             raise PlacementInputError(f"replica tier: put_meta({checkpoint!r}) must come before its arrays")
         old = self._sizes[checkpoint].get(key, 0)
         self._make_room(checkpoint, len(blob) - old, generation=meta.generation)
-        self._write(checkpoint, key, bytes(blob))
+        self.store.write_bytes(self._file(checkpoint, key), blob)
         self._sizes[checkpoint][key] = len(blob)
 
     def checkpoint_bytes(self, checkpoint: str) -> int:
@@ -137,15 +142,18 @@ class _BoundedTier:
     def discard(self, checkpoint: str, key: str) -> None:
         """Drop one blob (a copy that failed its checksum)."""
         if self._sizes.get(checkpoint, {}).pop(key, None) is not None:
-            self._drop(checkpoint, key)
+            self.store.remove(self._file(checkpoint, key))
 
     def evict(self, checkpoint: str) -> int:
         """Drop everything held for ``checkpoint``; return the bytes freed."""
         freed = sum(self._sizes.pop(checkpoint, {}).values())
         meta = self._metas.pop(checkpoint, None)
         freed += meta.nbytes if meta else 0
-        self._drop(checkpoint, None)
+        self.store.remove(checkpoint)
         return freed
+
+    def _file(self, checkpoint: str, key: str | None) -> str:
+        return f"{checkpoint}/{_META_FILE if key is None else quote(key, safe='') + '.blob'}"
 
     def _make_room(self, checkpoint: str, needed: int, *, generation: int) -> None:
         # Older checkpoints go first: the newest one is what a restart needs.
@@ -161,96 +169,48 @@ class _BoundedTier:
                 "raise capacity_bytes or place fewer replicas here")
 
 
-class MemoryTier(_BoundedTier):
-    """Replicas in this process's host memory (a dict of bytes), at most ``capacity_bytes``."""
-
-    tier = MEMORY
+class MemoryTier(ReplicaTier):
+    """Replicas in this process's host memory (a private ``memory://`` store), at most ``capacity_bytes``."""
 
     def __init__(self, *, capacity_bytes: int) -> None:
-        super().__init__(capacity_bytes=capacity_bytes)
-        self._data: dict[tuple[str, str | None], bytes] = {}
+        from ucp.stores import MemoryStore
 
-    def _write(self, checkpoint, key, data):
-        self._data[(checkpoint, key)] = data
-
-    def _read(self, checkpoint, key):
-        return self._data.get((checkpoint, key))
-
-    def _drop(self, checkpoint, key):
-        for item in [k for k in self._data if k[0] == checkpoint and key in (None, k[1])]:
-            del self._data[item]
+        store = MemoryStore(f"memory://ucp-replica-tier-{uuid.uuid4().hex}")
+        super().__init__(store, tier=MEMORY, capacity_bytes=capacity_bytes)
+        # The memory filesystem is shared by the whole process: the bytes go when the tier does.
+        weakref.finalize(self, store.remove)
 
     def corrupt(self, checkpoint: str, key: str) -> None:
         """Flip the first byte of a held blob (fault injection for tests and drills)."""
-        blob = bytearray(self._data[(checkpoint, key)])
+        held = self.get(checkpoint, key)
+        if held is None:
+            raise KeyError(f"replica tier holds no blob {key!r} of checkpoint {checkpoint}")
+        blob = bytearray(held)
         blob[0] ^= 0xFF
-        self._data[(checkpoint, key)] = bytes(blob)
+        self.store.write_bytes(self._file(checkpoint, key), bytes(blob))
 
 
 _META_FILE = "meta.bin"
+_META_LIMIT = 2 * MAX_MANIFEST_BYTES + (1 << 16)  # the head, a manifest and a replica map
 
 
-class DiskTier(_BoundedTier):
+class DiskTier(ReplicaTier):
     """Replicas in a local directory (``root/<checkpoint>/<quoted key>.blob``), at most ``capacity_bytes``.
 
     Opening a directory that a previous process filled picks up what it held, so
     replicas on local disk outlive the process that received them.
     """
 
-    tier = DISK
-
     def __init__(self, root: str | os.PathLike, *, capacity_bytes: int) -> None:
-        super().__init__(capacity_bytes=capacity_bytes)
         self.root = os.fspath(root)
-        os.makedirs(self.root, exist_ok=True)
-        for checkpoint in sorted(os.listdir(self.root)):
-            folder = os.path.join(self.root, checkpoint)
-            raw = self._read(checkpoint, None) if os.path.isdir(folder) else None
-            if raw is None:
-                continue  # a checkpoint whose metadata never landed is not usable: ignored
-            self._metas[checkpoint] = _parse_meta(raw, where=os.path.join(folder, _META_FILE))
-            self._sizes[checkpoint] = {
-                _blob_key(folder, name): os.path.getsize(os.path.join(folder, name))
-                for name in os.listdir(folder) if name.endswith(".blob")}
-
-    def _file(self, checkpoint: str, key: str | None) -> str:
-        return os.path.join(self.root, checkpoint, _META_FILE if key is None else quote(key, safe="") + ".blob")
-
-    def _write(self, checkpoint, key, data):
-        final = self._file(checkpoint, key)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(final), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, final)  # a reader never sees half a blob
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-
-    def _read(self, checkpoint, key):
-        try:
-            with open(self._file(checkpoint, key), "rb") as fh:
-                return fh.read()
-        except FileNotFoundError:
-            return None
-
-    def _drop(self, checkpoint, key):
-        folder = os.path.join(self.root, checkpoint)
-        if key is not None:
-            os.unlink(self._file(checkpoint, key))
-        elif os.path.isdir(folder):
-            for name in os.listdir(folder):
-                os.unlink(os.path.join(folder, name))
-            os.rmdir(folder)
+        super().__init__(LocalStore(self.root), tier=DISK, capacity_bytes=capacity_bytes)
 
 
-def _blob_key(folder: str, name: str) -> str:
-    """The array key a blob file stands for, checked as a manifest's keys are (it is read back from disk)."""
+def _blob_key(where: str, name: str) -> str:
+    """The array key a blob file stands for, checked as a manifest's keys are (it is read back from a store)."""
     key = unquote(name[:-5])
     if not is_safe_key(key) or quote(key, safe="") + ".blob" != name:
-        raise ManifestError(f"{os.path.join(folder, name)}: replica blob for array key {key[:200]!r}, which is not a "
+        raise ManifestError(f"{where}: replica blob for array key {key[:200]!r}, which is not a "
                             "relative path of plain names under data/; the replica tier is damaged - remove that "
                             "file (or the tier's folder) and replicate again")
     return key

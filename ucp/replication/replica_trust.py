@@ -32,12 +32,11 @@ Example::
 
 from __future__ import annotations
 
-from ucp.replication.replica_files import CheckpointFiles, array_owners
+from ucp.replication.replica_files import CheckpointFiles, array_limit, array_owners, fragment_bytes
 from ucp.replication.replica_map import ReplicaMap
 from ucp.checksum import digest
 from ucp.errors import UcpError
 from ucp.manifest import Manifest
-from ucp.zarr_array import ZARR_JSON_LIMIT
 
 _ADVICE = "the replica tier is damaged or not this checkpoint's - remove it and replicate again"
 
@@ -53,10 +52,7 @@ def map_problem(manifest_bytes: bytes, rmap: ReplicaMap, checkpoint: str, files:
     try:
         manifest = Manifest.from_json(manifest_bytes, source=f"{source} (manifest)", read_shard=files.read_shard)
         owners = array_owners(manifest)
-        raw: dict[str, int] = {}
-        for entry in manifest.tensors.values():
-            for frag in entry.fragments:
-                raw[frag.key] = raw.get(frag.key, 0) + frag.nbytes
+        raw = fragment_bytes(manifest)
     except (UcpError, OSError) as err:
         return f"{source}: cannot read the manifest it replicates ({err}); {_ADVICE}"
     for key, record in rmap.arrays.items():
@@ -65,8 +61,7 @@ def map_problem(manifest_bytes: bytes, rmap: ReplicaMap, checkpoint: str, files:
         if record.owner != owners[key]:
             return (f"{source}: the replica map says rank {record.owner} wrote array {key!r}, the manifest says "
                     f"rank {owners[key]}; {_ADVICE}")
-        # zarr.json plus chunks: an edge chunk is stored whole, so at most twice the fragments' bytes
-        limit = 2 * raw[key] + ZARR_JSON_LIMIT + 64 * len(record.files)
+        limit = array_limit(raw[key], len(record.files))
         if record.nbytes > limit:
             return (f"{source}: the replica map says array {key!r} holds {record.nbytes} bytes, more than the "
                     f"{limit} its fragments can take; {_ADVICE}")

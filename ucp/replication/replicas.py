@@ -44,7 +44,7 @@ import torch.distributed as dist
 from ucp.replication.errors import PlacementInputError, ReplicaError, ReplicaLostError, ReplicaWarning
 from ucp.replication.placement import PlacementPolicy
 from ucp.replication.policies import GroupPlacement
-from ucp.replication.replica_files import CheckpointFiles, array_owners, array_tensors
+from ucp.replication.replica_files import CheckpointFiles, array_owners, array_tensors, fragment_bytes
 from ucp.replication.replica_map import REPLICA_MAP_NAME, Holder, ReplicaMap
 from ucp.replication.replica_plan import RankInfo, plan_replication
 from ucp.replication.replica_tiers import CheckpointMeta, ReplicaTier
@@ -197,8 +197,9 @@ class ReplicaManager:
                     for frag in entry.fragments:
                         if frag.key in owners:
                             reader.check_fragment(name, frag)  # a corrupt primary is never replicated
+            raw = fragment_bytes(manifest)
             for key, owner in owners.items():
-                mine[key] = files.read_array(key, owner=owner)[0]
+                mine[key] = files.read_array(key, owner=owner, raw=raw[key])[0]
         except (UcpError, OSError) as err:
             error = f"{type(err).__name__}: {err}"
         self._agree(error)

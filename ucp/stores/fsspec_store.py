@@ -31,6 +31,7 @@ import fsspec
 import numpy as np
 import tensorstore as ts
 
+from ucp.confined import relative_parts
 from ucp.errors import StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
 from ucp.manifest_json import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
@@ -72,6 +73,7 @@ class FsspecStore(BaseStore):
         """Nothing to do: object keys need no parent directories."""
 
     def read_file(self, rel: str, *, limit: int, allowed: str) -> bytes:
+        relative_parts(rel, self.display(), verb="read")  # an absolute name would leave the root
         path = self.path(rel)
         info = self.fs.info(path)
         if info.get("type") != "file" or (info.get("size") or 0) > limit:
@@ -83,14 +85,17 @@ class FsspecStore(BaseStore):
 
     def read_range(self, rel: str, start: int, length: int, *, what: str | None = None) -> tuple[bytes, int | None]:
         """Bytes ``[start, start + length)`` of a file (fewer at its end); the size is not known (None)."""
+        relative_parts(rel, self.display(), verb="read")
         return self.fs.cat_file(self.path(rel), start=start, end=start + length), None
 
     def file_size(self, rel: str, *, what: str | None = None) -> int:
+        relative_parts(rel, self.display(), verb="read")
         return self.fs.size(self.path(rel))
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        """One object put: readers see the old bytes or the new, never part."""
-        self.fs.pipe_file(self.path(rel), data)
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
+        """One object put: readers see the old bytes or the new, never part; never outside the root."""
+        relative_parts(rel, self.display())
+        self.fs.pipe_file(self.path(rel), bytes(data))
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Write ``rel`` only if it does not exist (FileExistsError); False where the filesystem cannot.

@@ -144,16 +144,10 @@ class LocalStore(BaseStore):
         os.close(fd)
         return info.st_size
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write a small file durably and atomically (temp file + rename)."""
-        target = self.path(rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
+        """Write a small file durably and atomically, never outside the root (:func:`ucp.confined.write_inside`)."""
+        os.makedirs(self.root, exist_ok=True)
+        confined.write_inside(self.root, rel, data, real=self._real())
 
     def _real(self) -> str:
         if self._real_root is None:

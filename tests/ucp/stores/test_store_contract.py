@@ -21,11 +21,31 @@ TENSORSTORE = StoreOptions(direct_writes=False, direct_reads=False, small_array_
 STORES = ["local", "local-tensorstore", "fsspec", "memory", "s3"]
 
 
+# The stores replica tiers keep their blobs in (ucp.replication.replica_tiers): they use plain bytes only.
+TIER_STORES = ["memory-tier", "disk-tier"]
+
+
 @pytest.fixture(params=STORES)
 def make(request, tmp_path):
     """``make(name)`` opens a store at a fresh root of the kind under test (same kind for every name)."""
+    return _maker(request, tmp_path)
+
+
+@pytest.fixture(params=STORES + TIER_STORES)
+def make_plain(request, tmp_path):
+    """As ``make``, also over the stores of replica tiers (for the tests of plain bytes)."""
+    return _maker(request, tmp_path)
+
+
+def _maker(request, tmp_path):
+    from ucp.replication.replica_tiers import DiskTier, MemoryTier
+
     kind = request.param
     prefix = uuid.uuid4().hex[:8]
+    if kind == "memory-tier":
+        return lambda name="c", **kw: MemoryTier(capacity_bytes=1 << 20).store
+    if kind == "disk-tier":
+        return lambda name="c", **kw: DiskTier(tmp_path / "tiers" / name, capacity_bytes=1 << 20).store
     if kind == "s3":
         bucket, storage_options = request.getfixturevalue("s3")
         return lambda name="c", **kw: open_store(f"{bucket}/{prefix}/{name}", storage_options=storage_options, **kw)
@@ -47,8 +67,8 @@ def test_open_store_picks_the_store_for_the_url(tmp_path, s3):
         assert isinstance(store, Store)
 
 
-def test_plain_bytes(make):
-    store = make()
+def test_plain_bytes(make_plain):
+    store = make_plain()
     assert store.kind() is None and not store.exists() and store.listdir() == []
     store.write_bytes("a/one.json", b"{}")
     store.write_bytes("a/two.json", b"0123456789")
@@ -67,6 +87,26 @@ def test_plain_bytes(make):
     store.remove()
     assert not store.exists() and store.kind() is None
     store.remove()  # removing nothing is fine
+
+
+@pytest.mark.parametrize("rel", ["../out.json", "/out.json", "a/../../out.json", "a/./b.json", "a/"])
+def test_writes_stay_inside_the_root(make_plain, rel):
+    store, beside = make_plain("c"), make_plain("out.json")
+    with pytest.raises(UnsafePathError, match=r"^'.*' is not a relative path of plain names inside the checkpoint .*; "
+                                              "refusing to write it$"):
+        store.write_bytes(rel, b"{}")
+    assert not beside.exists() and not store.exists("a")
+
+
+def test_reads_stay_inside_the_root(make_plain):
+    store, beside = make_plain("c"), make_plain("c2")
+    beside.write_bytes("x.json", b"secret")
+    store.write_bytes("a/b.json", b"{}")
+    for rel in ("../c2/x.json", "/" + beside.path("x.json").lstrip("/"), "a/../../c2/x.json"):
+        for read in (lambda: store.read_file(rel, limit=99, allowed="a test allows"),
+                     lambda: store.read_range(rel, 0, 99), lambda: store.file_size(rel)):
+            with pytest.raises(UnsafePathError):
+                read()
 
 
 @pytest.mark.parametrize("shape, rows", [((10, 3), 4), ((7,), 7), ((), 1), ((5, 2, 3), 2)])

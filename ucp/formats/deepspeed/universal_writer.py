@@ -42,6 +42,7 @@ from typing import Any, Iterable
 import torch
 
 from ucp.errors import CheckpointExistsError, FormatError
+from ucp.file_io import write_atomic
 from ucp.formats.base import TrainingState
 from ucp.formats.deepspeed.plain import from_plain
 from ucp.formats.deepspeed.pt import StoredTensor, StreamingPtWriter, load_pt, save_pt
@@ -339,7 +340,4 @@ class DeepSpeedUniversalWriter:
         else:
             os.rename(self._tmp, self.path)
         parent, base = os.path.split(self.path)
-        latest = os.path.join(parent, f".latest_universal.{uuid.uuid4().hex[:8]}")
-        with open(latest, "w") as f:
-            f.write(base)
-        os.replace(latest, os.path.join(parent, "latest_universal"))
+        write_atomic(os.path.join(parent, "latest_universal"), base.encode())

@@ -26,6 +26,7 @@ from argparse import Namespace
 
 import torch
 
+from ucp.file_io import write_atomic
 from ucp.integrations.stacks.common import Progress
 
 __all__ = ["save_native", "native_committed", "to_universal", "load_universal", "to_ucp"]
@@ -49,8 +50,7 @@ def to_universal(directory: str, *, tag: str, workers: int = 2) -> str:
     out = os.path.join(directory, f"{tag}_universal")
     main(Namespace(input_folder=os.path.join(directory, tag), output_folder=out, num_extract_workers=workers,
                    num_merge_workers=workers, keep_temp_folder=False, strict=True, inject_missing_state=True))
-    with open(os.path.join(directory, "latest_universal"), "w") as fh:
-        fh.write(f"{tag}_universal")
+    write_atomic(os.path.join(directory, "latest_universal"), f"{tag}_universal".encode())
     return out
 
 

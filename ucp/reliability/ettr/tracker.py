@@ -1,8 +1,8 @@
 """Measure ETTR live in a training loop, across crashes and restarts.
 
 An :class:`ETTRTracker` keeps a small JSON file beside the checkpoints
-(``<directory>/ettr.json``) and rewrites it atomically (temp file +
-``os.replace``), so a process killed with SIGKILL leaves the last complete
+(``<directory>/ettr.json``) and rewrites it atomically
+(:func:`ucp.file_io.write_atomic`), so a process killed with SIGKILL leaves the last complete
 record. A restarted process opens the same file and calls :meth:`start` with
 the step it resumed from; the tracker then counts the restart, the downtime
 (from its last write before the kill to now) and the lost work (compute spent
@@ -31,13 +31,13 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ucp.errors import UcpError
+from ucp.file_io import write_atomic
 
 __all__ = ["ETTRSummary", "ETTRTracker", "TrackerStateError", "format_seconds", "read_summary"]
 
@@ -174,18 +174,9 @@ class ETTRTracker:
         now = self._clock()
         self._state.last_seen_unix = now
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Same directory, so os.replace is a rename on one filesystem. No fsync:
-        # the page cache survives SIGKILL, and losing a second of records to a
-        # power cut is cheaper than a disk flush every step.
-        fd, tmp = tempfile.mkstemp(prefix=".ettr-", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self._state.to_json(), handle, indent=1)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # No fsync: the page cache survives SIGKILL, and losing a second of
+        # records to a power cut is cheaper than a disk flush every step.
+        write_atomic(self.path, json.dumps(self._state.to_json(), indent=1).encode("utf-8"), durable=False)
         self._last_flush = now
 
     def _maybe_flush(self) -> None:

@@ -27,8 +27,8 @@ messages the same way.
 
 Example::
 
-    >>> env = learn_envelope(["2016/05/01 00:00:0%d.000 mgmt-alpha app[4000] INFO job %d started" % (i, i)
-    ...                       for i in range(5)])
+    >>> env = learn_envelope(["2016/05/01 00:00:%02d.000 mgmt-alpha app[4000] INFO job %d started" % (i, i)
+    ...                       for i in range(10)])
     >>> env.split("2016/05/01 00:00:09.000 mgmt-alpha app[4000] INFO job 9 started")[2]
     'INFO job 9 started'
 """

@@ -26,6 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from ucp.file_io import write_atomic
 from ucp.reliability.logs.errors import TemplateStateError
 from ucp.reliability.logs.masking import PARAM
 
@@ -160,13 +161,8 @@ class TemplateSet:
         return cls.from_dict(data, origin=f"template state {path!r}")
 
     def save(self, path: str) -> None:
-        """Write the state to ``path`` atomically (temporary file, fsync, rename)."""
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=0)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        """Write the state to ``path`` atomically (:func:`ucp.file_io.write_atomic`)."""
+        write_atomic(path, json.dumps(self.to_dict(), indent=0).encode("utf-8"))
 
 
 def _is_int(value: object) -> bool:
