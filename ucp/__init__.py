@@ -10,11 +10,16 @@ The engine (torch, tensorstore) is imported on first use, so importing
 ``ucp.errors`` or ``ucp.layout`` stays cheap.
 """
 
-from ucp.errors import *  # noqa: F403
-from ucp.errors import UcpError  # noqa: F401
-from ucp.geometry import Box, FlatRange  # noqa: F401
-from ucp.layout import Layout  # noqa: F401
-from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec  # noqa: F401
+from ucp.errors import (
+    AsyncSaveError, CheckpointExistsError, CheckpointNotFoundError, ChecksumError, CoverageError, FormatError,
+    FormatVersionError, IncompleteCheckpointError, InvalidArgumentError, KeyMismatchError, LayoutError, ManifestError,
+    NameConflictError, NotACheckpointError, PartialLoadWarning, ReplicaMismatchError, RestoreError,
+    RestoreFallbackWarning, SaveTimeoutError, ShapeMismatchError, StorageURLError, TensorTooLargeError,
+    TruncatedDataError, UcpError, UnsafeObjectError, UnsafePathError, UnsafePickleError, UnsupportedTensorError,
+)
+from ucp.geometry import Box, FlatRange
+from ucp.layout import Layout
+from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
 
 # public name -> module that defines it (imported lazily, PEP 562)
 _LAZY = {
@@ -55,6 +60,30 @@ _LAZY = {
 }
 
 
+# The public API, stated once: the names a user types after `ucp.` (what `from ucp import *` gives and
+# dir(ucp) lists). Subpackages (ucp.ucl, ucp.formats, ucp.stores, ...) are imported by their own names.
+__all__ = [
+    # saving and loading (ucp.api, ucp.async_saver, ucp.manager, ucp.policies)
+    "save", "load", "finalize", "iter_tensors", "read_tensor", "async_save", "AsyncSaver", "AsyncSaveHandle",
+    "CheckpointManager", "SaveRecord", "EveryNSteps", "EveryTSeconds", "AnyOf", "KeepLast", "KeepEvery", "KeepAll",
+    "KeepUnion",
+    # checkpoints as data (ucp.writer, ucp.reader, ucp.manifest)
+    "SaveResult", "CheckpointWriter", "CheckpointReader", "Manifest", "Fragment", "TensorEntry", "FORMAT_VERSION",
+    # checking, describing, converting and comparing checkpoints
+    "verify", "VerifyReport", "describe", "CheckpointSummary", "convert", "ConvertResult", "diff", "DiffReport",
+    # layouts and how local tensors map onto logical ones
+    "Layout", "Box", "FlatRange", "FragmentMap", "LogicalTensor", "ShardPiece", "TensorSpec",
+    "fragment_map_from_dtensors",
+    # errors (ucp.errors): one root, UcpError; each also inherits the matching builtin
+    "UcpError", "CheckpointNotFoundError", "NotACheckpointError", "IncompleteCheckpointError", "CheckpointExistsError",
+    "ChecksumError", "TruncatedDataError", "FormatVersionError", "ManifestError", "ShapeMismatchError",
+    "KeyMismatchError", "CoverageError", "LayoutError", "ReplicaMismatchError", "UnsafeObjectError",
+    "UnsafePickleError", "UnsafePathError", "FormatError", "AsyncSaveError", "SaveTimeoutError", "TensorTooLargeError",
+    "NameConflictError", "UnsupportedTensorError", "UnsupportedDtypeError", "InvalidArgumentError", "RestoreError",
+    "StorageURLError", "RestoreFallbackWarning", "PartialLoadWarning",
+]
+
+
 def __getattr__(name: str):
     module_name = _LAZY.get(name)
     if module_name is None:
@@ -67,4 +96,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return list(__all__)

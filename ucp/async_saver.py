@@ -1,7 +1,7 @@
 """Asynchronous saves: the caller waits only for a snapshot into host memory.
 
 :class:`AsyncSaver` copies every tensor of the state into a bounded, reused
-staging arena (:mod:`ucp.staging`) and hands each copy to a background thread
+staging arena (:mod:`ucp.staging_pool`) and hands each copy to a background thread
 that writes it with :class:`ucp.writer.CheckpointWriter` and gives the memory
 back. When the state is larger than the staging budget the snapshot streams:
 the caller copies as fast as the writer frees space, so it blocks longer but
@@ -51,7 +51,7 @@ import torch
 
 from ucp.api import open_writer
 from ucp.errors import AsyncSaveError, SaveTimeoutError
-from ucp.staging import DEFAULT_BUDGET_BYTES, PoolStats, StagedBlock, StagingPool, staged_nbytes
+from ucp.staging_pool import DEFAULT_BUDGET_BYTES, PoolStats, StagedBlock, StagingPool, staged_nbytes
 
 __all__ = ["AsyncSaver", "AsyncSaveHandle", "async_save", "default_saver"]
 

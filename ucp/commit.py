@@ -31,16 +31,16 @@ import uuid
 from dataclasses import dataclass
 
 from ucp.errors import CheckpointNotFoundError, IncompleteCheckpointError, ManifestError
+from ucp.format_hook import recognise
 from ucp.manifest import MANIFEST_NAME, Manifest
 from ucp.parts import check_part
 from ucp.stores import Store, StoreOptions, open_store
-from ucp.stores.occupancy import PARTS_DIR, check_replaceable, existing, exists_error
+from ucp.stores.occupancy import PARTS_DIR, SHARED_TOKEN, check_replaceable, existing, exists_error
 
 __all__ = ["PARTS_DIR", "SHARED_TOKEN", "SaveTarget", "new_token", "open_target", "begin_save", "existing",
            "check_replaceable", "write_part", "read_parts", "commit", "abort", "delete_checkpoint", "find_manifest",
            "read_manifest"]
 
-SHARED_TOKEN = "shared"
 
 
 def new_token() -> str:
@@ -170,7 +170,7 @@ def _not_a_checkpoint(final: Store) -> CheckpointNotFoundError:
         return CheckpointNotFoundError(f"no checkpoint at {where} (no {MANIFEST_NAME}); check the path")
     if kind not in ("file", "directory"):
         return NotACheckpointError(f"{where} is {kind}, not a ucp checkpoint (a directory with {MANIFEST_NAME})")
-    fmt = _foreign_format(final.url)
+    fmt = recognise(final.url)
     if fmt is not None:
         return NotACheckpointError(
             f"{where} is a {fmt.description} (format {fmt.name!r}), not a ucp checkpoint; convert it with: "
@@ -189,18 +189,6 @@ def _not_a_checkpoint(final: Store) -> CheckpointNotFoundError:
     return NotACheckpointError(
         f"{where} is not a ucp checkpoint (no {MANIFEST_NAME}; it holds {shown}) and no known format recognises it"
     )
-
-
-def _foreign_format(url: str):
-    """The registered format that recognises ``url`` (a file or directory), or None."""
-    import ucp.formats  # noqa: F401 - each format registers itself on import
-    from ucp.errors import UcpError
-    from ucp.formats.base import detect_format
-
-    try:
-        return detect_format(url)
-    except UcpError:
-        return None
 
 
 def read_manifest(storage: Store, *, problems: list | None = None) -> Manifest:

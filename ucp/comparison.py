@@ -76,7 +76,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = N
     >>> [(x.name, x.kind, x.max_abs_diff) for x in diff(os.path.join(d, "a.pt"), os.path.join(d, "b.pt")).differences]
     [('v', 'missing', None), ('w', 'values', 0.5)]
     """
-    from ucp.conversion import block_bytes_for
+    from ucp.formats.base import block_bytes_for
     from ucp.formats import blocks, detect_format, get_format, parse_size
     from ucp.formats.selection import select_tensors
 

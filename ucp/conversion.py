@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ucp.errors import UcpError
 
-__all__ = ["convert", "ConvertResult", "ConversionError", "block_bytes_for", "guess_format", "release_freed_memory"]
+__all__ = ["convert", "ConvertResult", "ConversionError", "guess_format", "release_freed_memory"]
 
 # Extensions that name a single-file format when --to is not given.
 _SUFFIX_FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch"}
@@ -64,11 +64,6 @@ class ConvertResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def block_bytes_for(memory_budget: int) -> int:
-    """The largest piece of a tensor read at once: a quarter of the budget (the writer may hold as much again)."""
-    return max(1 << 20, memory_budget // 4)
 
 
 def guess_format(dst: str) -> str:
@@ -123,6 +118,7 @@ def convert(
     from ucp.formats import TrainingState, detect_format, get_format, parse_size
     from ucp.formats.hf_files import SIDE_FILES, side_files
     from ucp.formats.readahead import read_ahead
+    from ucp.formats.base import block_bytes_for
     from ucp.formats.selection import select_tensors
     from ucp.spec import LogicalTensor
 

@@ -8,7 +8,6 @@ millions of tiny reads) and its checksums be one digest per chunk. The check run
 once per fragment on every load, so it is one fast expression; only a fragment
 that fails it is examined again, to say what is wrong::
 
-    >>> from ucp.manifest import Fragment
     >>> frag = Fragment("r0/w", 0, Box((0,), (4,)), 16, 4, ("0" * 16,))
     >>> check_fragment("w", frag, (4,), 4, 4, "manifest.json", "xxh3_64", 1)
     >>> check_fragment("w", frag, (4,), 4, 4, "manifest.json", None, 1)
@@ -20,13 +19,10 @@ that fails it is examined again, to say what is wrong::
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from ucp.errors import ManifestError
+from ucp.fragment import Fragment
 from ucp.geometry import Box, box_fits, region_fits
-
-if TYPE_CHECKING:
-    from ucp.manifest import Fragment
 
 # A fragment may have up to MAX_SMALL_CHUNKS chunks of any size; beyond that its chunks must
 # average MIN_CHUNK_BYTES (writers aim at 32 MiB), so no manifest can ask for millions of reads.

@@ -28,7 +28,7 @@ from typing import Any
 from ucp.errors import CoverageError, LayoutError, ManifestError, NameConflictError, ReplicaMismatchError, UcpError
 from ucp.geometry import coverage_gaps, region_from_dict
 from ucp.manifest import Fragment, Manifest, TensorEntry
-from ucp.programs import ProgramRecord
+from ucp.program_record import ProgramRecord
 from ucp.state import tensor_refs, top_level_keys
 
 _FRAGMENT_MEMBERS = {"key": str, "rank": int, "region": dict, "nbytes": int, "chunk_rows": int}

@@ -10,67 +10,17 @@ program's full text, its parameter values and the preset it came from
 A program given to a load is checked against the recorded one: a model parameter with
 another value (``heads=2`` for a checkpoint saved with ``heads=4``) would cut fused
 tensors wrongly, so it is refused, naming both values.
-
-    >>> rec = ProgramRecord(text="ucl 1\\n", params={"heads": 4}, name="m.ucl")
-    >>> ProgramRecord.from_dict(rec.to_dict()) == rec
-    True
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
 from typing import Any
 
-from ucp.errors import LayoutError, ManifestError
+from ucp.errors import LayoutError
 from ucp.layout import Layout
-from ucp.spec import FragmentMap
-
-
-@dataclass(frozen=True)
-class ProgramRecord:
-    """The UCL program a checkpoint was saved with, as plain data.
-
-    ``text`` is the program's full source; ``params`` the values it was given (JSON: integers,
-    words, lists of those); ``name`` its file name for messages; ``preset`` the shipped preset it
-    came from, if any. Manifests written before this record held a plain string (UCL text or a
-    preset reference such as ``megatron-gpt:heads=8``): :meth:`from_dict` reads that into ``text``.
-    """
-
-    text: str
-    params: dict = field(default_factory=dict)
-    name: str = "<ucl>"
-    preset: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"text": self.text, "params": dict(self.params), "name": self.name, "preset": self.preset}
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "manifest.json") -> "ProgramRecord":
-        """The record in ``data`` (a dict, or an older manifest's plain string); ManifestError names the field."""
-        if isinstance(data, str):
-            return cls(text=data, name="<manifest>")
-        if not isinstance(data, dict):
-            raise ManifestError(f"{source}: program must be an object with the program's text, got "
-                                f"{type(data).__name__}")
-        unknown = sorted(set(map(str, data)) - {"text", "params", "name", "preset"})
-        if unknown:
-            raise ManifestError(f"{source}: program has unknown field(s) {unknown}")
-        text, params, name, preset = data.get("text"), data.get("params", {}), data.get("name", "<ucl>"), \
-            data.get("preset")
-        if not isinstance(text, str):
-            raise ManifestError(f"{source}: program.text must be the program's source text, got {type(text).__name__}")
-        if not isinstance(name, str) or not (preset is None or isinstance(preset, str)):
-            raise ManifestError(f"{source}: program.name and program.preset must be strings")
-        if not isinstance(params, dict) or not all(_json_param(v) for v in params.values()):
-            raise ManifestError(f"{source}: program.params must map names to integers, words or lists of those")
-        return cls(text=text, params=dict(params), name=name, preset=preset)
-
-
-def _json_param(value: Any) -> bool:
-    scalar = (int, str)
-    if isinstance(value, list):
-        return all(isinstance(v, scalar) and not isinstance(v, bool) for v in value)
-    return isinstance(value, scalar) and not isinstance(value, bool)
+from ucp.program_record import ProgramRecord
+from ucp.spec import FragmentMap, LogicalTensor
 
 
 def compile_for_save(program: Any, *, spec: Any, layout: Layout | None, rank: int, local: dict,
@@ -143,6 +93,31 @@ def merge_with_recorded(path: str, bound: Any, recorded: ProgramRecord | None) -
         "describe the model, and another value maps its tensors wrongly; leave the program out to use the "
         "checkpoint's own, or give the saved values"
     )
+
+
+def read_against(path: str) -> dict[str, LogicalTensor]:
+    """Logical tensors of a checkpoint, through the engine's reader (its errors are UcpErrors): what
+    ``ucp ucl check --against CHECKPOINT`` checks a program against."""
+    from ucp.reader import CheckpointReader
+
+    return CheckpointReader(os.fspath(path), verify=False).logical()
+
+
+def program_against(program, path: str, params: dict | None = None):
+    """The program to check a checkpoint with: ``program`` (None: the checkpoint's own) with ``params``.
+
+    It gets the checkpoint's values for the model parameters it leaves out; a model parameter given
+    another value than the checkpoint's is a ProgramMismatchError, as in ``ucp.load``.
+    """
+    from ucp.reader import CheckpointReader
+    from ucp.ucl.bind import load_program
+    from ucp.ucl.errors import UclError
+
+    recorded = CheckpointReader(os.fspath(path), verify=False).manifest.program
+    if program is None and recorded is None:
+        raise UclError(f"checkpoint {path} records no UCL program: name the program to check it with")
+    given = load_program(recorded if program is None else program, **(params or {}))
+    return merge_with_recorded(path, given, recorded)
 
 
 def _value(value: Any) -> str:

@@ -29,7 +29,8 @@ from ucp.dtypes import torch_dtype
 from ucp.geometry import Region, region_shape
 from ucp.manifest import Fragment
 from ucp.spec import FragmentMap, LogicalTensor, TensorSpec
-from ucp.storage import chunk_count, chunk_rows_for
+from ucp.stores.chunking import chunk_rows_for
+from ucp.zarr_array import chunk_count
 from ucp.stores import DEFAULT_OPTIONS, StoreOptions
 from ucp.write_units import write_plan
 

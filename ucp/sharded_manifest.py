@@ -25,9 +25,9 @@ from typing import Any
 
 from ucp import checksum as _checksum
 from ucp.errors import ManifestError
+from ucp.manifest_json import SHARDED_FORMAT_VERSION, checked_int, parse_json
 from ucp.state_schema import check_state_tree
 
-SHARDED_FORMAT_VERSION = 2
 SHARD_DIGEST = "xxh3_64"  # shards are always digested, with or without tensor checksums
 # A shard holds about sqrt(W) ranks' fragments: ~1 MB at 16k ranks. The limit only stops a hostile root.
 MAX_SHARD_BYTES = 256 << 20
@@ -84,8 +84,6 @@ class ShardSource:
         return len(self._parsed)
 
     def _load(self, index: int) -> dict:
-        from ucp.manifest import parse_json
-
         ref = self.shards[index]
         if self._read is None:
             raise ManifestError(
@@ -241,8 +239,6 @@ class ShardedStates(Mapping):
 
 def parse_shard_refs(data: Any, source: str, world_size: int) -> list[ShardRef]:
     """The root's ``shards`` list: consecutive rank ranges covering ``0..world_size-1``, safe relative keys."""
-    from ucp.manifest import _int
-
     if not isinstance(data, list) or not data:
         raise ManifestError(f"{source}: field 'shards' must be a non-empty list")
     refs, expected = [], 0
@@ -256,12 +252,12 @@ def parse_shard_refs(data: Any, source: str, world_size: int) -> list[ShardRef]:
             raise ManifestError(f"{where}: field 'key' must be a relative path to a .json file, got {key!r:.80}")
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
             raise ManifestError(f"{where}: field '{SHARD_DIGEST}' must be 16 lowercase hex digits")
-        first = _int(item["ranks"][0], f"{where}: ranks[0]")
-        stop = _int(item["ranks"][1], f"{where}: ranks[1]", high=world_size)
+        first = checked_int(item["ranks"][0], f"{where}: ranks[0]")
+        stop = checked_int(item["ranks"][1], f"{where}: ranks[1]", high=world_size)
         if first != expected or stop <= first:
             raise ManifestError(f"{where} covers ranks {first}..{stop - 1}; shards must cover ranks "
                                 f"0..{world_size - 1} in order, from rank {expected}")
-        refs.append(ShardRef(key, first, stop, _int(item.get("nbytes"), f"{where}: field 'nbytes'",
+        refs.append(ShardRef(key, first, stop, checked_int(item.get("nbytes"), f"{where}: field 'nbytes'",
                                                     high=MAX_SHARD_BYTES), digest))
         expected = stop
     if expected != world_size:

@@ -36,12 +36,10 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ucp.errors import ManifestError, NameConflictError, UnsafeObjectError, UnsafePickleError
+from ucp.state_schema import MAX_DEPTH
 from ucp.stateful import is_stateful
 
 _TAGS = ("$tensor", "$tuple", "$dict", "$float", "$object")
-# Deeper than any real training state; bounds the recursion of both directions (a hostile
-# manifest of 900 nested lists would otherwise end in a RecursionError).
-MAX_DEPTH = 256
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 

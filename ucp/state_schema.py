@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ucp.errors import ManifestError
-from ucp.state import MAX_DEPTH
 
 # The depth ucp.state's save and load allow (far beyond any real training state, far enough below
-# Python's recursion limit that the loader's recursive rebuild never reaches it): one limit for all.
+# Python's recursion limit that the loader's recursive rebuild never reaches it; a hostile manifest
+# of 900 nested lists would otherwise end in a RecursionError): one limit for all.
+MAX_DEPTH = 256
 MAX_STATE_DEPTH = MAX_DEPTH
 
 # Tag -> the JSON type its body must have.

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ucp.state_schema import MAX_DEPTH
+
 
 def is_stateful(value: Any) -> bool:
     """Whether ``value`` saves through ``state_dict()`` and loads through ``load_state_dict()``.
@@ -143,8 +145,6 @@ def skeleton(tree: Any, depth: int = 0) -> Any:
     >>> skeleton({"state": {"$dict": [[0, {"step": {"$tensor": "s"}}]]}})
     {'state': {0: {'step': {'$tensor': 's'}}}}
     """
-    from ucp.state import MAX_DEPTH
-
     if depth > MAX_DEPTH:
         return None  # loading refuses such a tree with its position
     if isinstance(tree, list):

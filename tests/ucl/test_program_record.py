@@ -15,7 +15,7 @@ import ucp
 from ucp.ucl.errors import ProgramMismatchError, UclError
 from ucp.errors import LayoutError, ManifestError
 from ucp.manifest import Manifest
-from ucp.programs import ProgramRecord
+from ucp.program_record import ProgramRecord
 from ucp.state import set_path
 
 SPLIT = "ucl 1\nparam n = 1\ntensor w -> w\n  split dim 0 over tp\n"

@@ -22,7 +22,7 @@ import ucp.async_saver
 import ucp.state
 from ucp.async_saver import AsyncSaveHandle, AsyncSaver
 from ucp.errors import AsyncSaveError
-from ucp.staging import ALIGN, StagingPool, staged_nbytes
+from ucp.staging_pool import ALIGN, StagingPool, staged_nbytes
 
 # ----------------------------------------------------------------------------- staging pool
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ucp
-from ucp.storage import chunk_rows_for
+from ucp.stores.chunking import chunk_rows_for
 from ucp.stores import StoreOptions
 
 

@@ -157,3 +157,22 @@ def test_a_url_no_backend_opens_is_a_clear_error(url, message, capsys):
     assert capsys.readouterr().err.strip() == f"ucp inspect: error: {message}"
     assert ucp_main(["verify", url, "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["error"] == "StorageURLError"
+
+
+def test_the_core_names_a_foreign_format_in_a_process_that_never_imported_the_formats(tmp_path):
+    """The core imports no format module; it asks the registry through ucp.format_hook, which loads the
+    built-in formats when it must word this error (docs/ARCHITECTURE.md)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch, ucp; torch.save({'w': torch.ones(2)}, sys.argv[1])\n"
+             "assert 'ucp.formats' not in sys.modules\n"
+             "try:\n    ucp.load(sys.argv[1])\nexcept ucp.NotACheckpointError as err:\n    print(err)\n")
+    file = tmp_path / "model.pt"
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe, str(file)], cwd=repo, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(f"{file} is a ")
+    assert out.stdout.strip().endswith(f"(format 'torch'), not a ucp checkpoint; convert it with: "
+                                       f"ucp convert {file} NEW_PATH")

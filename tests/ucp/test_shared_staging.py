@@ -13,7 +13,7 @@ import torch
 import ucp
 from ucp.geometry import Box
 from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-from ucp.storage import Storage
+from ucp.stores import open_store
 
 
 def test_sync_stays_inside_this_ranks_directory(tmp_path):
@@ -23,7 +23,7 @@ def test_sync_stays_inside_this_ranks_directory(tmp_path):
     (root / "data" / "r1").mkdir()
     # Another rank's file that is gone by the time anyone opens it (a dangling link).
     os.symlink(root / "data" / "r1" / "vanished.tmp", root / "data" / "r1" / "part.json.tmp-123")
-    storage = Storage(str(root))
+    storage = open_store(str(root))
     storage.sync(under="data/r0")  # must not look at r1
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ucp.staging import StagingPool
+from ucp.staging_pool import StagingPool
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import torch
 
 from ucp.errors import FormatError, UcpError
+from ucp.format_hook import register_recogniser
 from ucp.geometry import Box, FlatRange, Region, region_pieces  # noqa: F401 - FlatRange: the docstring examples use it
 
 __all__ = [
@@ -238,11 +239,27 @@ def detect_format(path: str | os.PathLike) -> Format:
     return found[0]
 
 
+def _recognise(url: str) -> Format | None:
+    """The core's question (:mod:`ucp.format_hook`): which registered format is at ``url``, if any."""
+    try:
+        return detect_format(url)
+    except UcpError:
+        return None
+
+
+register_recogniser(_recognise)
+
+
 def _safe_detect(fmt: Format, path: str) -> bool:
     try:
         return bool(fmt.detect(path))
     except (OSError, ValueError):
         return False
+
+
+def block_bytes_for(memory_budget: int) -> int:
+    """The largest piece of a tensor read at once: a quarter of the budget (the writer may hold as much again)."""
+    return max(1 << 20, memory_budget // 4)
 
 
 def blocks(shape: tuple[int, ...], dtype: str, max_bytes: int) -> tuple[Box, ...]:

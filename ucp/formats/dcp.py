@@ -47,7 +47,7 @@ from ucp.errors import FormatError, UcpError, UnsafePickleError
 from ucp.formats.base import Format, TensorInfo, TrainingState, expect_block, region_reader, register_format
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import read_box
-from ucp.formats.staging import StagedOutput
+from ucp.formats.staged_output import StagedOutput
 from ucp.formats.tensor_geometry import check_geometry, check_span
 from ucp.geometry import Box, coverage_gaps
 from ucp.spec import LogicalTensor

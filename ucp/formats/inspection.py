@@ -92,7 +92,7 @@ def verify_format(path: str | os.PathLike, *, format: str | None = None, memory_
 
     Raises only when no format recognises ``path`` (nothing to check); everything else is a problem.
     """
-    from ucp.conversion import block_bytes_for
+    from ucp.formats.base import block_bytes_for
     from ucp.formats import blocks, parse_size
     from ucp.geometry import Box
 

@@ -31,9 +31,9 @@ import torch
 
 from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, TrainingState, register_format
-from ucp.formats.deepspeed_plain import to_plain
-from ucp.formats.deepspeed_pt import load_pt
-from ucp.formats.deepspeed_zero import json_value
+from ucp.formats.deepspeed.plain import to_plain
+from ucp.formats.deepspeed.pt import load_pt
+from ucp.formats.deepspeed.zero import json_value
 from ucp.geometry import Box, Region
 from ucp.layout import Layout
 

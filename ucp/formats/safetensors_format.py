@@ -41,7 +41,7 @@ from ucp.formats.base import (Format, TensorInfo, TrainingState, expect_block, p
                               register_format)
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.tensor_geometry import check_geometry, check_span
-from ucp.formats.staging import StagedOutput
+from ucp.formats.staged_output import StagedOutput
 from ucp.geometry import Box
 from ucp.spec import LogicalTensor
 

@@ -47,7 +47,7 @@ from ucp.formats.base import (Format, StoredBytes, TensorInfo, TrainingState, ex
                               slice_region)
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import flat_offset, read_box, write_at
-from ucp.formats.staging import StagedOutput
+from ucp.formats.staged_output import StagedOutput
 from ucp.formats.tensor_geometry import Geometry, check_geometry, check_loaded
 from ucp.geometry import Box, Region
 from ucp.spec import LogicalTensor

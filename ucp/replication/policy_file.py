@@ -160,22 +160,11 @@ def _header(raw: bytes) -> dict:
     return json.loads(raw[8:8 + size])
 
 
-def build_model(policy_file: PolicyFile, *, where: str, seed: int = 0):
-    """A MaskablePPO whose network and optimizer state are the file's, checked tensor by tensor."""
+def load_into(model, policy_file: PolicyFile, *, where: str):
+    """``model`` (a MaskablePPO built for ``policy_file.config``) with the file's network and optimizer
+    state, checked tensor by tensor; :meth:`ucp.replication.rl_policy.RLPolicy.load` builds it."""
     import torch
-    from sb3_contrib import MaskablePPO
 
-    from ucp.replication.rl_env import PlacementEnv
-    from ucp.replication.rl_net import NodeScorerPolicy
-    from ucp.replication.rl_policy import ENVS, PPO_SETTINGS, _vec, quiet_logger
-
-    config = policy_file.config
-    # The envs only lend their spaces (and their count, which sizes the rollout buffer) here: they are
-    # never reset; retraining sets real ones.
-    envs = _vec(lambda: PlacementEnv(source=None, max_nodes=config.max_nodes), ENVS)
-    model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0,
-                        policy_kwargs={"net_arch": {"hidden": config.hidden}}, **PPO_SETTINGS)
-    model.set_logger(quiet_logger())
     expected = model.policy.state_dict()
     _same_tensors(where, "policy/", expected, policy_file.network)
     model.policy.load_state_dict(policy_file.network, strict=True)

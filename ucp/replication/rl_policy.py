@@ -67,6 +67,21 @@ def _vec(make_env, count: int = ENVS):
     return DummyVecEnv([make_env] * count)
 
 
+def _new_model(config, *, seed: int):
+    """An untrained MaskablePPO shaped by a policy file's ``config`` (its weights come from the file)."""
+    from sb3_contrib import MaskablePPO
+
+    from ucp.replication.rl_net import NodeScorerPolicy
+
+    # The envs only lend their spaces (and their count, which sizes the rollout buffer) here: they are
+    # never reset; retraining sets real ones.
+    envs = _vec(lambda: PlacementEnv(source=None, max_nodes=config.max_nodes), ENVS)
+    model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0,
+                        policy_kwargs={"net_arch": {"hidden": config.hidden}}, **PPO_SETTINGS)
+    model.set_logger(quiet_logger())
+    return model
+
+
 def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_intervals: int = 3000):
     """Synthetic scenarios for offline training, with forecasts as the evaluation makes them."""
     from ucp.replication.scenarios import RL_TRAIN_SEED, SYNTHETIC, TRAINING_ONLY, build_scenario, pretrained_forecaster
@@ -121,11 +136,11 @@ class RLPolicy:
 
         Only safetensors policy files are read (:mod:`ucp.replication.policy_file`); nothing is unpickled.
         """
-        from ucp.replication.policy_file import build_model, read_policy
+        from ucp.replication.policy_file import load_into, read_policy
 
         where = str(path or shipped_policy_path())
-        model = build_model(read_policy(where), where=where, seed=seed)
-        return cls(model, **options)
+        policy_file = read_policy(where)
+        return cls(load_into(_new_model(policy_file.config, seed=seed), policy_file, where=where), **options)
 
     def save(self, path) -> None:
         """Write the policy as it is now (after any retraining) in the safe format."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ucp.file_io import hexdigests
-from ucp.manifest import DATA_DIR, MANIFEST_NAME
+from ucp.manifest_json import DATA_DIR, MANIFEST_NAME
 from ucp.stores import errors
 from ucp.stores.occupancy import PARTS_DIR
 from ucp.stores.options import DEFAULT_OPTIONS, StoreOptions

@@ -34,7 +34,7 @@ import tensorstore as ts
 from ucp.confined import relative_parts
 from ucp.errors import InvalidArgumentError, StorageURLError, UnsafePathError
 from ucp.file_io import done_future, hexdigests, little_endian
-from ucp.manifest import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
+from ucp.manifest_json import DATA_DIR, MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
 from ucp.stores.occupancy import PARTS_DIR, array_entries, exists_error
@@ -167,7 +167,7 @@ class FsspecStore(BaseStore):
     # -- the commit strategy: the manifest, written last, is the marker -----------------
     def staging(self, token: str) -> tuple[Self, str]:
         """The target itself; each save's arrays under their own prefix (a concurrent save never writes over them)."""
-        from ucp.commit import SHARED_TOKEN
+        from ucp.stores.occupancy import SHARED_TOKEN
 
         return self, "" if token == SHARED_TOKEN else f"{token}/"
 

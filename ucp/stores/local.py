@@ -36,7 +36,7 @@ from ucp import confined
 from ucp.atomic_rename import rename_noreplace
 from ucp.errors import CheckpointExistsError, TensorTooLargeError
 from ucp.file_io import fsync_path, little_endian, write_all
-from ucp.manifest import MANIFEST_NAME
+from ucp.manifest_json import MANIFEST_NAME
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
 from ucp.stores.occupancy import check_replaceable, existing, exists_error

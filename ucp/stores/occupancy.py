@@ -15,12 +15,15 @@ import re
 from typing import TYPE_CHECKING
 
 from ucp.errors import CheckpointExistsError
-from ucp.manifest import DATA_DIR, MANIFEST_NAME
+from ucp.manifest_json import DATA_DIR, MANIFEST_NAME
 
 if TYPE_CHECKING:
     from ucp.stores.protocol import Store
 
 PARTS_DIR = "parts"
+# The staging token of ranks that save without a process group into one shared location
+# (ucp.commit, ucp.shared_save); a store that stages under prefixes gives it none.
+SHARED_TOKEN = "shared"
 # Entries a save of ours puts in a checkpoint directory; a directory holding anything else is
 # not one, and no save replaces it (not even with overwrite=True).
 OWN_ENTRIES = (DATA_DIR, PARTS_DIR)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ucp.tools.output import console, json_on_stdout, write_json
+from ucp.tools.output import console, json_on_stdout, size_text, write_json
 
 __all__ = ["foreign_format", "inspect_foreign", "verify_foreign", "counter"]
 
@@ -29,7 +29,6 @@ def foreign_format(path: str) -> Any:
 def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
     from rich.table import Table
 
-    from ucp.tools.inspect_cli import _size  # the same size column as for ucp checkpoints
     from ucp.formats.inspection import describe_format
 
     summary = describe_format(args.path, format=fmt.name)  # a damaged file raises: exit 2 in the dispatcher
@@ -40,12 +39,12 @@ def inspect_foreign(args: argparse.Namespace, fmt: Any) -> int:
     out = console()
     out.print(f"[bold]{summary.path}[/bold]  format {summary.format} ({fmt.description})\n"
                   f"step {summary.step if summary.step is not None else '-'}  param groups {summary.param_groups}\n"
-                  f"{len(summary.tensors)} tensors, {_size(summary.total_bytes)}", highlight=False)
+                  f"{len(summary.tensors)} tensors, {size_text(summary.total_bytes)}", highlight=False)
     table = Table()
     for column, justify in (("tensor", "left"), ("dtype", "left"), ("shape", "left"), ("size", "right")):
         table.add_column(column, justify=justify, overflow="fold")
     for t in summary.tensors:
-        table.add_row(t.name, t.dtype, str(list(t.shape)), _size(t.nbytes))
+        table.add_row(t.name, t.dtype, str(list(t.shape)), size_text(t.nbytes))
     out.print(table)
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ucp.tools.output import add_json_option, console, json_on_stdout, write_json
+from ucp.tools.output import add_json_option, console, json_on_stdout, size_text, write_json
 
 __all__ = ["register", "run"]
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{summary.path}[/bold]  format {summary.format_version}  created {summary.created or '-'}\n"
         f"ranks {summary.world_size}  layout {summary.layout or '-'}  UCL program {'yes' if summary.has_program else 'no'}  "
         f"step {summary.step if summary.step is not None else '-'}  checksums {summary.checksum_algorithm or 'none'}\n"
-        f"{len(summary.tensors)} tensors, {_size(summary.total_bytes)}"
+        f"{len(summary.tensors)} tensors, {size_text(summary.total_bytes)}"
     )
     table = Table()
     for column, justify in (("tensor", "left"), ("dtype", "left"), ("shape", "left"), ("fragments", "right"),
@@ -58,17 +58,9 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify=justify, overflow="fold")
     for t in summary.tensors:
         writers = ",".join(map(str, t.writers[:8])) + ("..." if len(t.writers) > 8 else "")
-        table.add_row(t.name, t.dtype, str(list(t.shape)), str(t.fragments), _size(t.nbytes), writers)
+        table.add_row(t.name, t.dtype, str(list(t.shape)), str(t.fragments), size_text(t.nbytes), writers)
     out.print(table)
     return 0
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,3 +98,17 @@ def console(*, stderr: bool = False):
     if stream.isatty():
         return Console(stderr=stderr)
     return Console(file=stream, width=_WIDE, soft_wrap=True)
+
+
+def size_text(n: float, *, largest: str = "GiB") -> str:
+    """A byte count for a table or a progress line, in binary units up to ``largest``.
+
+    >>> size_text(512), size_text(3 << 20), size_text(5 << 40), size_text(5 << 40, largest="TiB")
+    ('512 B', '3.0 MiB', '5120.0 GiB', '5.0 TiB')
+    """
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    for unit in units[:units.index(largest) + 1]:
+        if n < 1024 or unit == largest:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -17,19 +17,14 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, Iterator, TextIO
+
+from ucp.tools.output import size_text
 
 __all__ = ["byte_progress", "count_progress", "ProgressLines", "LINE_EVERY_S"]
 
 LINE_EVERY_S = 5.0
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class ProgressLines:
@@ -57,7 +52,7 @@ class ProgressLines:
         if now - self.last < self.every:
             return
         self.last = now
-        fmt = _bytes if self.unit == "bytes" else (lambda n: f"{n:,}")
+        fmt = partial(size_text, largest="TiB") if self.unit == "bytes" else (lambda n: f"{n:,}")
         text = f"{self.label}: {fmt(done)}"
         if total:
             text += f" of {fmt(total)} (" + f"{100 * done / total:.0f}%)"

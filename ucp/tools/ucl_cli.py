@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def _program(args: argparse.Namespace, load_program, params: dict):
     """The program named, or with --against the checkpoint's own; checked against (and completed by) its record."""
     from ucp.ucl.errors import UclError
-    from ucp.ucl.sources import program_against
+    from ucp.programs import program_against
 
     if args.against:
         return program_against(args.program, args.against, params)
@@ -119,7 +119,8 @@ def _model(args: argparse.Namespace):
 
 def _logical(args: argparse.Namespace, program, layout):
     from ucp.ucl.declared import declared_logical
-    from ucp.ucl.sources import read_against, read_shapes
+    from ucp.programs import read_against
+    from ucp.ucl.sources import read_shapes
 
     if args.shapes:
         return read_shapes(args.shapes)

@@ -27,7 +27,7 @@ from ucp.ucl.expr import Expr
 from ucp.ucl.parser import MAX_SOURCE_CHARS, parse
 from ucp.ucl.program import Program
 from ucp.layout import Layout
-from ucp.programs import ProgramRecord
+from ucp.program_record import ProgramRecord
 from ucp.spec import FragmentMap, LocalTensor, LogicalTensor  # re-exported
 
 
@@ -169,7 +169,7 @@ def read_program_file(path: str | os.PathLike) -> str:
 
 def load_program(program, **params) -> BoundProgram:
     """Parse ``program`` (text, path, preset name, Program, BoundProgram or a manifest's
-    :class:`~ucp.programs.ProgramRecord`) and bind parameters.
+    :class:`~ucp.program_record.ProgramRecord`) and bind parameters.
 
     >>> prog = load_program("megatron-gpt", num_layers=4, heads=8, kv_heads=2, vocab_size=1000)
     >>> str(prog)

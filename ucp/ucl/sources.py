@@ -1,6 +1,7 @@
-"""Where the logical shapes a check runs against come from: a shapes file or a checkpoint.
+"""Where the logical shapes a check runs against come from: a shapes file.
 
-(The program's own declarations are :mod:`ucp.ucl.declared`; a real model is :mod:`ucp.ucl.model_check`.)
+(The program's own declarations are :mod:`ucp.ucl.declared`; a real model is :mod:`ucp.ucl.model_check`;
+a checkpoint is :func:`ucp.programs.read_against`, in the core, since the language reads no checkpoints.)
 A shapes file is JSON ``{"name": {"shape": [..], "dtype": "float32"}}`` or ``{"name": [..]}``::
 
     >>> import json, tempfile
@@ -42,30 +43,6 @@ def read_shapes(path: str) -> dict[str, LogicalTensor]:
             raise UclError(f"{path}: tensor {name!r}: expected a dtype name like \"float32\", got {_brief(dtype)}")
         out[name] = LogicalTensor(name, tuple(shape), dtype)
     return out
-
-
-def read_against(path: str) -> dict[str, LogicalTensor]:
-    """Logical tensors of a checkpoint, through the engine's reader (its errors are UcpErrors)."""
-    from ucp.reader import CheckpointReader
-
-    return CheckpointReader(os.fspath(path), verify=False).logical()
-
-
-def program_against(program, path: str, params: dict | None = None):
-    """The program to check a checkpoint with: ``program`` (None: the checkpoint's own) with ``params``.
-
-    It gets the checkpoint's values for the model parameters it leaves out; a model parameter given
-    another value than the checkpoint's is a ProgramMismatchError, as in ``ucp.load``.
-    """
-    from ucp.ucl.bind import load_program
-    from ucp.programs import merge_with_recorded
-    from ucp.reader import CheckpointReader
-
-    recorded = CheckpointReader(os.fspath(path), verify=False).manifest.program
-    if program is None and recorded is None:
-        raise UclError(f"checkpoint {path} records no UCL program: name the program to check it with")
-    given = load_program(recorded if program is None else program, **(params or {}))
-    return merge_with_recorded(path, given, recorded)
 
 
 def _read_json(path: str):

@@ -10,8 +10,8 @@ import torch
 
 from ucp.formats import detect_format, get_format
 from ucp.formats.base import TrainingState
-from ucp.formats.deepspeed_plain import foreign_of
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed.plain import foreign_of
+from ucp.formats.deepspeed.pt import load_pt
 from ucp.unpickle import InertObject
 
 REPO = Path(__file__).resolve().parents[3]

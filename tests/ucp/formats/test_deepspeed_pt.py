@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ucp.errors import FormatError
-from ucp.formats.deepspeed_plain import ForeignObject, from_plain, to_plain
-from ucp.formats.deepspeed_pt import StreamingPtWriter, load_pt, save_pt
+from ucp.formats.deepspeed.plain import ForeignObject, from_plain, to_plain
+from ucp.formats.deepspeed.pt import StreamingPtWriter, load_pt, save_pt
 
 
 def test_a_real_deepspeed_object_survives_json_and_is_pickled_back_to_the_same_bytes(tmp_path):

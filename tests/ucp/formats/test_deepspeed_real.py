@@ -19,7 +19,7 @@ import torch
 
 from ucp.integrations.launch import WITH_DEEPSPEED, run
 from tests.ucp.formats.deepspeed_helpers import convert
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed.pt import load_pt
 
 pytestmark = pytest.mark.slow
 

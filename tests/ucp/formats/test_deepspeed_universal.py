@@ -21,7 +21,7 @@ from tests.ucp.formats.deepspeed_helpers import (ALL, IDS, OURS, convert, files_
 from ucp.errors import CheckpointExistsError, FormatError
 from ucp.formats import detect_format, get_format
 from ucp.formats.base import TrainingState
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed.pt import load_pt
 
 
 def _is_fp32_run_with_tied_head(root) -> bool:

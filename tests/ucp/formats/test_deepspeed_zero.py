@@ -20,7 +20,7 @@ import torch
 from tests.ucp.formats.deepspeed_helpers import ALL, IDS, OURS, universal_dir, universal_tensor
 from ucp.errors import FormatError, UnsafePickleError
 from ucp.formats import detect_format, get_format
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed.pt import load_pt
 from ucp.geometry import Box, FlatRange
 
 

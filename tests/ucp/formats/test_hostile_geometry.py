@@ -17,8 +17,8 @@ from tests.ucp.formats.hostile import Record, archive_bytes, floats, write_archi
 from ucp.conversion import ConversionError
 from ucp.errors import FormatError, UcpError
 from ucp.formats.dcp import DcpReader
-from ucp.formats.deepspeed_universal import resolve_universal_dir
-from ucp.formats.deepspeed_zero import resolve_step_dir
+from ucp.formats.deepspeed.universal import resolve_universal_dir
+from ucp.formats.deepspeed.zero import resolve_step_dir
 from ucp.formats.inspection import verify_format
 from ucp.formats.torch_file import TorchFileReader
 from ucp import unpickle
@@ -148,7 +148,7 @@ def test_a_small_stride_0_view_converts_to_what_torch_load_returns(tmp_path):
 
 
 def test_deepspeed_pt_files_refuse_views_that_expand_beyond_the_file(tmp_path):
-    from ucp.formats.deepspeed_pt import load_pt
+    from ucp.formats.deepspeed.pt import load_pt
 
     path = tmp_path / "optim_states.pt"
     torch.save({"flat": torch.arange(8.0)[:1].expand(10**7)}, path)

@@ -15,7 +15,7 @@ import torch
 
 from ucp.errors import FormatError
 from ucp.formats import detect_format, get_format
-from ucp.formats.deepspeed_pt import load_pt
+from ucp.formats.deepspeed.pt import load_pt
 from ucp.geometry import Box, FlatRange
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "megatron"

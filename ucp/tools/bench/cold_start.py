@@ -27,7 +27,7 @@ from pathlib import Path
 def _one(state: dict, template: dict, path: Path) -> tuple[float, float]:
     import ucp
 
-    from ucp.tools.bench.core_bench import drop_from_page_cache
+    from ucp.tools.bench.state_recipe import drop_from_page_cache
 
     start = time.perf_counter()
     ucp.save(state, path)
@@ -43,7 +43,7 @@ def _one(state: dict, template: dict, path: Path) -> tuple[float, float]:
 def main(argv: list[str]) -> int:
     import torch
 
-    from ucp.tools.bench.core_bench import StateRecipe, build_state
+    from ucp.tools.bench.state_recipe import StateRecipe, build_state
 
     size_gib, directory = float(argv[0]), Path(argv[1])
     state = build_state(StateRecipe(size_gib=size_gib))

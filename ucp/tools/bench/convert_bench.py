@@ -174,7 +174,7 @@ class Run:
 
 
 def _drop_cache(path: Path) -> None:
-    from ucp.tools.bench.core_bench import drop_from_page_cache
+    from ucp.tools.bench.state_recipe import drop_from_page_cache
 
     drop_from_page_cache(path)
 

@@ -94,7 +94,7 @@ def _same_tensors(ours: str, theirs: str) -> int:
     """Every fp32/exp_avg/exp_avg_sq file of DeepSpeed's output equals ours; returns how many were compared."""
     import torch
 
-    from ucp.formats.deepspeed_pt import load_pt
+    from ucp.formats.deepspeed.pt import load_pt
 
     count = 0
     for param in sorted(os.listdir(os.path.join(theirs, "zero"))):

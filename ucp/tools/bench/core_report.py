@@ -13,7 +13,8 @@ import math
 
 from rich.table import Table
 
-from ucp.tools.bench.core_bench import GIB, TARGETS, BenchReport
+from ucp.tools.bench.core_bench import TARGETS, BenchReport
+from ucp.tools.bench.state_recipe import GIB
 
 RSS_TARGET = 0.10
 

@@ -26,7 +26,8 @@ def _maxrss_bytes() -> int:
 
 
 def main(argv: list[str]) -> int:
-    from ucp.tools.bench.core_bench import METHODS, StateRecipe, build_state, state_nbytes
+    from ucp.tools.bench.core_bench import METHODS
+    from ucp.tools.bench.state_recipe import StateRecipe, build_state, state_nbytes
 
     method, size_gib, directory = argv[0], float(argv[1]), Path(argv[2])
     state = build_state(StateRecipe(size_gib=size_gib))

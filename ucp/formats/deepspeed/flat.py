@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ucp.formats.deepspeed_pt import release_pages
+from ucp.formats.deepspeed.pt import release_pages
 from ucp.geometry import Box, FlatRange, Region, plan_overlaps
 
 __all__ = ["Fragment", "zero12_fragments", "zero3_fragments", "read_region"]
@@ -150,7 +150,7 @@ def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
 
 def read_dense(tensor: torch.Tensor, region: Region | None, *, mapped: bool = False) -> torch.Tensor:
     """A copy of ``region`` of a tensor held whole; a memory-mapped one reads only the pages the region
-    covers, and lets go of them afterwards (:func:`~ucp.formats.deepspeed_pt.release_pages`)."""
+    covers, and lets go of them afterwards (:func:`~ucp.formats.deepspeed.pt.release_pages`)."""
     if region is None:
         out = tensor.clone()
     elif isinstance(region, Box):

@@ -1,23 +1,16 @@
-"""Chunk geometry of the arrays ucp writes, and ``Storage``, the name older code opens a store by.
-
-The stores themselves live in :mod:`ucp.stores` (docs/STORES.md); their tuning
-is one :class:`~ucp.stores.options.StoreOptions` value::
+"""How many rows go into each chunk of an array ucp writes (tuned by ``StoreOptions.chunk_bytes``).
 
     >>> chunk_rows_for((1000, 4), 4, chunk_bytes=64)
     4
-    >>> Storage("memory://storage-doc").strategy
-    'marker'
 """
 
 from __future__ import annotations
 
 import math
-import os
 
-from ucp.stores import DEFAULT_OPTIONS, Store, StoreOptions, open_store
-from ucp.zarr_array import chunk_count, chunk_key  # re-exported
+from ucp.stores.options import DEFAULT_OPTIONS
 
-__all__ = ["Storage", "chunk_rows_for", "chunk_count", "chunk_key"]
+__all__ = ["chunk_rows_for"]
 
 
 def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | None = None) -> int:
@@ -35,8 +28,3 @@ def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | 
     chunks = -(-shape[0] // most)
     return max(1, -(-shape[0] // chunks))
 
-
-def Storage(url: str | os.PathLike, *, storage_options: dict | None = None,  # noqa: N802 - the old class name
-            options: StoreOptions | None = None) -> Store:
-    """The store for ``url`` (:func:`ucp.stores.open_store`)."""
-    return open_store(url, storage_options=storage_options, options=options)

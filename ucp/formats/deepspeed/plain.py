@@ -9,7 +9,7 @@ A DeepSpeed checkpoint's metadata is Python objects: tuples (``betas``),
 member whose name starts with ``@``; not ``$``, so that they never meet the
 tags of a ucp manifest's state tree, docs/FORMAT.md section 5, when stored
 there) so nothing is lost, and :func:`from_plain` turns it back into the same Python values, DeepSpeed's classes as
-:class:`ForeignObject` records that :mod:`ucp.formats.deepspeed_pt` pickles by
+:class:`ForeignObject` records that :mod:`ucp.formats.deepspeed.pt` pickles by
 reference again (the class is never imported here).
 
 Tags: ``@tuple``, ``@odict``, ``@dict`` (non-string keys), ``@size``,

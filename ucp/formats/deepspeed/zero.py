@@ -20,7 +20,7 @@ file runs, DeepSpeed is never imported). The non-tensor state: ``step`` (the
 engine's ``global_steps``), the param groups with their hyper-parameters and
 the names of their parameters, and in ``extra`` the tied parameters, buffers,
 frozen parameters, and ``extra["deepspeed"]``: everything DeepSpeed's files
-hold besides tensors, exactly (see :mod:`ucp.formats.deepspeed_plain`), which
+hold besides tensors, exactly (see :mod:`ucp.formats.deepspeed.plain`), which
 the ``deepspeed-universal`` writer uses to write what DeepSpeed's own
 ``ds_to_universal`` writes.
 
@@ -40,10 +40,10 @@ import torch
 
 from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, TrainingState, register_format
-from ucp.formats.deepspeed_flat import read_dense, read_region
-from ucp.formats.deepspeed_optim import FP32, ZeroOptimizerFiles
-from ucp.formats.deepspeed_plain import to_plain
-from ucp.formats.deepspeed_pt import load_pt_mapped
+from ucp.formats.deepspeed.flat import read_dense, read_region
+from ucp.formats.deepspeed.optim import FP32, ZeroOptimizerFiles
+from ucp.formats.deepspeed.plain import to_plain
+from ucp.formats.deepspeed.pt import load_pt_mapped
 from ucp.formats.tensor_geometry import tag_folder
 from ucp.geometry import FlatRange, Region
 

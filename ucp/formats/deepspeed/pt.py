@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ucp.errors import FormatError
-from ucp.formats.deepspeed_plain import ForeignObject
+from ucp.formats.deepspeed.plain import ForeignObject
 from ucp.formats.tensor_geometry import check_loaded
 from ucp.unpickle import torch_load
 
@@ -181,7 +181,7 @@ class _Pickler(pickle._Pickler):  # the Python pickler: its save() can be extend
             self.write(pickle.BUILD)
 
 
-_PICKLE_MODULE = types.SimpleNamespace(Pickler=_Pickler, __name__="ucp.formats.deepspeed_pt")
+_PICKLE_MODULE = types.SimpleNamespace(Pickler=_Pickler, __name__="ucp.formats.deepspeed.pt")
 
 
 def _has_foreign(obj: Any) -> bool:

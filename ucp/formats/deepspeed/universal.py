@@ -14,7 +14,7 @@ ZeRO-3 placeholder or a pipeline's missing module from ``fp32.pt``),
 ``<param>/fp32`` and every other ``<param>/<state>`` of the trained
 parameters, and ``<param>/step`` when the step is a tensor. Files are read
 memory-mapped through the restricted unpickler. The writer lives in
-:mod:`ucp.formats.deepspeed_universal_writer`.
+:mod:`ucp.formats.deepspeed.universal_writer`.
 
 >>> # with get_format("deepspeed-universal").open_reader("ckpt/") as reader: ...
 """
@@ -30,12 +30,12 @@ import torch
 
 from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, TrainingState, register_format
-from ucp.formats.deepspeed_flat import read_dense
-from ucp.formats.deepspeed_optim import zero_stage_of
-from ucp.formats.deepspeed_pt import load_pt, load_pt_mapped
-from ucp.formats.deepspeed_universal_writer import DeepSpeedUniversalWriter
+from ucp.formats.deepspeed.flat import read_dense
+from ucp.formats.deepspeed.optim import zero_stage_of
+from ucp.formats.deepspeed.pt import load_pt, load_pt_mapped
+from ucp.formats.deepspeed.universal_writer import DeepSpeedUniversalWriter
 from ucp.formats.tensor_geometry import tag_folder
-from ucp.formats.deepspeed_zero import MODEL3_RE, MODEL_RE, json_value, plain_state, zero3_frozen_reader
+from ucp.formats.deepspeed.zero import MODEL3_RE, MODEL_RE, json_value, plain_state, zero3_frozen_reader
 
 __all__ = ["DeepSpeedUniversalReader", "resolve_universal_dir"]
 

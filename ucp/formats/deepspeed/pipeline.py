@@ -9,7 +9,7 @@ name DeepSpeed's engine gives it (``PipelineModule.named_parameters``):
 ``<index>.<key>``, and ``tied_modules.<tie>.<key>`` for a ``TiedLayerSpec``
 layer, recognised by the names the stages' ``param_shapes`` and
 ``buffer_names`` list (a tied module saved by several layers is read from the
-first). The optimizer states are read as for :mod:`ucp.formats.deepspeed_zero`,
+first). The optimizer states are read as for :mod:`ucp.formats.deepspeed.zero`,
 every stage's partitions together; a tied weight trained in several stages is
 read from the first stage that holds it.
 
@@ -24,9 +24,9 @@ from typing import Iterator
 
 from ucp.errors import FormatError
 from ucp.formats.base import Format, TensorInfo, register_format
-from ucp.formats.deepspeed_flat import read_dense
-from ucp.formats.deepspeed_pt import load_pt_mapped
-from ucp.formats.deepspeed_zero import DeepSpeedZeroReader, checkpoint_files, resolve_step_dir
+from ucp.formats.deepspeed.flat import read_dense
+from ucp.formats.deepspeed.pt import load_pt_mapped
+from ucp.formats.deepspeed.zero import DeepSpeedZeroReader, checkpoint_files, resolve_step_dir
 
 __all__ = ["DeepSpeedPipelineReader", "layer_names"]
 

@@ -4,7 +4,7 @@ Logical tensors stream in: ``<param>/<state>`` (``fp32``, ``exp_avg``,
 ``exp_avg_sq``, any other) becomes ``zero/<param>/<state>.pt`` at once;
 ``<param>/step`` becomes ``step.pt``; a model tensor goes straight into the
 model-states file (written tensor by tensor, see
-:class:`~ucp.formats.deepspeed_pt.StreamingPtWriter`), so memory stays at one
+:class:`~ucp.formats.deepspeed.pt.StreamingPtWriter`), so memory stays at one
 tensor. ``close`` writes the rest and commits (temporary folder + rename, then
 ``latest_universal`` beside it, as DeepSpeed's tool does):
 
@@ -44,8 +44,8 @@ import torch
 from ucp.errors import CheckpointExistsError, FormatError
 from ucp.file_io import write_atomic
 from ucp.formats.base import TrainingState
-from ucp.formats.deepspeed_plain import from_plain
-from ucp.formats.deepspeed_pt import StoredTensor, StreamingPtWriter, load_pt, save_pt
+from ucp.formats.deepspeed.plain import from_plain
+from ucp.formats.deepspeed.pt import StoredTensor, StreamingPtWriter, load_pt, save_pt
 
 __all__ = ["DeepSpeedUniversalWriter", "DS_VERSION"]
 

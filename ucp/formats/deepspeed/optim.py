@@ -20,9 +20,9 @@ from typing import Any, Iterable
 import torch
 
 from ucp.errors import FormatError
-from ucp.formats.deepspeed_flat import Fragment, read_region, zero12_fragments, zero3_fragments, zero3_rank_sizes
-from ucp.formats.deepspeed_plain import foreign_of
-from ucp.formats.deepspeed_pt import load_pt_mapped
+from ucp.formats.deepspeed.flat import Fragment, read_region, zero12_fragments, zero3_fragments, zero3_rank_sizes
+from ucp.formats.deepspeed.plain import foreign_of
+from ucp.formats.deepspeed.pt import load_pt_mapped
 from ucp.geometry import FlatRange, Region
 from ucp.unpickle import InertObject
 
