@@ -30,6 +30,15 @@ def test_ruff_check_passes():
     _run("ruff", "check", "ucp", "tests", timeout=120)
 
 
+# ucl and the core, as formatted by `ruff format` (the packages above them keep their own layout for now).
+FORMATTED = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "ucp").glob("*.py"))] + [
+    "ucp/ucl", "ucp/stores", "ucp/formats"]
+
+
+def test_ucl_and_the_core_are_formatted():
+    _run("ruff", "format", "--check", *FORMATTED, timeout=120)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_mypy_passes_on_ucl_and_the_core():

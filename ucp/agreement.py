@@ -73,8 +73,9 @@ def agree(message: str | None, *, fatal: bool = False, group: Any = None) -> Agr
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     # MIN over (rank if it applies else W): the lowest rank it applies to, or W for none.
-    lowest = torch.tensor([rank if message else world, rank if fatal else world], dtype=torch.int64,
-                          device=_device(group))
+    lowest = torch.tensor(
+        [rank if message else world, rank if fatal else world], dtype=torch.int64, device=_device(group)
+    )
     dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=group)
     first_rank, fatal_rank = (int(v) for v in lowest.tolist())
     first = None if first_rank == world else Failure(first_rank, _from(first_rank, message, rank, group))

@@ -77,9 +77,20 @@ def save(
     True
     """
     flat, writer = open_writer(
-        state, path, spec=spec, process_group=process_group, rank=rank, world_size=world_size, program=program,
-        layout=layout, checksums=checksums, overwrite=overwrite, allow_objects=allow_objects,
-        storage_options=storage_options, logical=logical, store_options=store_options,
+        state,
+        path,
+        spec=spec,
+        process_group=process_group,
+        rank=rank,
+        world_size=world_size,
+        program=program,
+        layout=layout,
+        checksums=checksums,
+        overwrite=overwrite,
+        allow_objects=allow_objects,
+        storage_options=storage_options,
+        logical=logical,
+        store_options=store_options,
     )
     try:
         for key, tensor in flat.tensors.items():
@@ -141,7 +152,9 @@ def open_writer(
         elif spec is not None and not isinstance(spec, FragmentMap):
             spec = spec(local)
         if spec is not None and not isinstance(spec, FragmentMap):
-            raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
+            raise InvalidArgumentError(
+                f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}"
+            )
         if spec is not None and flat.ties:
             flat = _untie(state, flat, spec, allow_objects)
         check_spec_fit(flat.tensors, spec, world_size=world_size, distributed=process_group is not None)
@@ -156,14 +169,25 @@ def open_writer(
         if failure is None and bad is not None:
             raise UcpError(f"save failed on rank {bad.rank}: {bad.message}")
     elif failure is not None and world_size > 1:
-        record_failure(os.fspath(path), rank=rank, world_size=world_size, error=failure,
-                       storage_options=writer_options.get("storage_options"))
+        record_failure(
+            os.fspath(path),
+            rank=rank,
+            world_size=world_size,
+            error=failure,
+            storage_options=writer_options.get("storage_options"),
+        )
     if failure is not None:
         raise failure
     assert spec is None or isinstance(spec, FragmentMap), "resolved above, or the save failed"
     writer = CheckpointWriter(
-        os.fspath(path), rank=rank, world_size=world_size, process_group=process_group, spec=spec,
-        layout=lay, program=None if record is None else record.to_dict(), **writer_options,
+        os.fspath(path),
+        rank=rank,
+        world_size=world_size,
+        process_group=process_group,
+        spec=spec,
+        layout=lay,
+        program=None if record is None else record.to_dict(),
+        **writer_options,
     )
     return flat, writer
 
@@ -182,6 +206,7 @@ def _untie(state: Any, flat: FlatState, spec: FragmentMap, allow_objects: Any) -
     A tie is folded into one key only when both keys map onto the same pieces; otherwise
     folding would remove a logical tensor from the checkpoint.
     """
+
     def mapping(key: str) -> Any:
         tspec = spec.tensors.get(key)
         return None if tspec is None else (tspec.pieces, tspec.replica, tspec.replicas, tspec.policy)
@@ -240,13 +265,23 @@ def load(
     >>> ucp.load(d)
     {'w': tensor([0., 1., 2.]), 'step': 3}
     """
-    return load_recording(path, into, spec=spec, program=program, layout=layout, rank=rank,
-                          map_location=map_location, strict=strict, verify=verify, allow_objects=allow_objects,
-                          storage_options=storage_options, store_options=store_options)
+    return load_recording(
+        path,
+        into,
+        spec=spec,
+        program=program,
+        layout=layout,
+        rank=rank,
+        map_location=map_location,
+        strict=strict,
+        verify=verify,
+        allow_objects=allow_objects,
+        storage_options=storage_options,
+        store_options=store_options,
+    )
 
 
-def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str] | None = None,
-                   **options: Any) -> Any:
+def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str] | None = None, **options: Any) -> Any:
     """:func:`load`, adding to ``filled`` each key before its tensor is written.
 
     After a load that failed part-way, ``filled`` names the tensors of ``into`` it may
@@ -263,19 +298,41 @@ def load_recording(path: str | os.PathLike, into: Any = None, *, filled: set[str
     return _load(os.fspath(path), into, filled, **options)
 
 
-def _load(path: str, into: Any, filled: set[str] | None, *, spec: SpecLike = None, program: str | None = None,
-          layout: Layout | str | None = None, rank: int | None = None, map_location: str | torch.device = "cpu",
-          strict: bool = True, verify: bool = True, allow_objects: Any = False,
-          storage_options: dict | None = None, store_options: StoreOptions | None = None) -> Any:
+def _load(
+    path: str,
+    into: Any,
+    filled: set[str] | None,
+    *,
+    spec: SpecLike = None,
+    program: str | None = None,
+    layout: Layout | str | None = None,
+    rank: int | None = None,
+    map_location: str | torch.device = "cpu",
+    strict: bool = True,
+    verify: bool = True,
+    allow_objects: Any = False,
+    storage_options: dict | None = None,
+    store_options: StoreOptions | None = None,
+) -> Any:
     reader = CheckpointReader(path, verify=verify, storage_options=storage_options, store_options=store_options)
     manifest = reader.manifest
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    spec = compile_for_load(reader.path, manifest.program, manifest.layout, reader.logical(), spec=spec,
-                            program=program, layout=lay, rank=rank)
+    spec = compile_for_load(
+        reader.path,
+        manifest.program,
+        manifest.layout,
+        reader.logical(),
+        spec=spec,
+        program=program,
+        layout=lay,
+        rank=rank,
+    )
     if spec is not None and not isinstance(spec, FragmentMap):
         spec = spec(reader.logical())
     if spec is not None and not isinstance(spec, FragmentMap):
-        raise InvalidArgumentError(f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}")
+        raise InvalidArgumentError(
+            f"spec must be a FragmentMap (or a callable returning one), got {type(spec).__name__}"
+        )
     if rank is None and spec is not None:
         rank = spec.rank
     tree_rank = rank if rank is not None and rank in manifest.states else min(manifest.states, default=0)
@@ -324,8 +381,16 @@ def _top_keys(into: Any) -> set | None:
 _PLACEHOLDER = torch.empty(0)
 
 
-def _targets(reader: CheckpointReader, spec: FragmentMap | None, tree: Any, into: dict[str, torch.Tensor] | None,
-             strict: bool, *, top: set | None = None, skipped: set | None = None) -> dict[str, tuple[TensorSpec, tuple, str]]:
+def _targets(
+    reader: CheckpointReader,
+    spec: FragmentMap | None,
+    tree: Any,
+    into: dict[str, torch.Tensor] | None,
+    strict: bool,
+    *,
+    top: set | None = None,
+    skipped: set | None = None,
+) -> dict[str, tuple[TensorSpec, tuple, str]]:
     """key -> (spec of the local tensor, its shape, its dtype) for everything to load.
 
     A non-strict whole load into ``into`` also loads the saved tensors ``into`` has no tensor
@@ -410,8 +475,9 @@ def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region,
     dest.copy_(flat.view(dest.shape))
 
 
-def iter_tensors(path: str | os.PathLike, names: list[str] | None = None, *, verify: bool = True,
-                 storage_options: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    path: str | os.PathLike, names: list[str] | None = None, *, verify: bool = True, storage_options: dict | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(logical_name, tensor)`` one whole logical tensor at a time (bounded memory).
 
     >>> import torch, ucp, tempfile, os
@@ -424,8 +490,14 @@ def iter_tensors(path: str | os.PathLike, names: list[str] | None = None, *, ver
         yield from reader.iter_tensors(names)
 
 
-def read_tensor(path: str | os.PathLike, name: str, region: Region | None = None, *, verify: bool = True,
-                storage_options: dict | None = None) -> torch.Tensor:
+def read_tensor(
+    path: str | os.PathLike,
+    name: str,
+    region: Region | None = None,
+    *,
+    verify: bool = True,
+    storage_options: dict | None = None,
+) -> torch.Tensor:
     """Read one logical tensor, or just ``region`` of it (a Box or a FlatRange).
 
     >>> import torch, ucp, tempfile, os

@@ -129,8 +129,7 @@ class AsyncSaveHandle:
         """At exit (after the writer thread finished): a failure nobody looked at ends the process loudly."""
         if self._observed or (self.done() and self._error is None):
             return
-        what = (f"{type(self._error).__name__}: {self._error}" if self._error is not None
-                else "it never finished")
+        what = f"{type(self._error).__name__}: {self._error}" if self._error is not None else "it never finished"
         sys.stderr.write(f"ucp: the async save to {self.path} failed and nobody waited for it: {what}\n")
         sys.stderr.flush()
         sys.stdout.flush()

@@ -60,8 +60,11 @@ def _renameat2(src: str, dst: str) -> bool:
     code = ctypes.get_errno()
     if code in _UNSUPPORTED:
         return False
-    raise OSError(code, os.strerror(code), dst) if code != errno.EEXIST else FileExistsError(
-        errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    raise (
+        OSError(code, os.strerror(code), dst)
+        if code != errno.EEXIST
+        else FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    )
 
 
 def _locked_rename(src: str, dst: str) -> None:

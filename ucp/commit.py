@@ -37,10 +37,23 @@ from ucp.parts import check_part
 from ucp.stores import Store, StoreOptions, open_store
 from ucp.stores.occupancy import PARTS_DIR, SHARED_TOKEN, check_replaceable, existing, exists_error
 
-__all__ = ["PARTS_DIR", "SHARED_TOKEN", "SaveTarget", "new_token", "open_target", "begin_save", "existing",
-           "check_replaceable", "write_part", "read_parts", "commit", "abort", "delete_checkpoint", "find_manifest",
-           "read_manifest"]
-
+__all__ = [
+    "PARTS_DIR",
+    "SHARED_TOKEN",
+    "SaveTarget",
+    "new_token",
+    "open_target",
+    "begin_save",
+    "existing",
+    "check_replaceable",
+    "write_part",
+    "read_parts",
+    "commit",
+    "abort",
+    "delete_checkpoint",
+    "find_manifest",
+    "read_manifest",
+]
 
 
 def new_token() -> str:
@@ -67,16 +80,23 @@ class SaveTarget:
         return self.final.strategy
 
 
-def open_target(url: str, *, token: str, overwrite: bool = False, storage_options: dict | None = None,
-                options: StoreOptions | None = None) -> SaveTarget:
+def open_target(
+    url: str,
+    *,
+    token: str,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    options: StoreOptions | None = None,
+) -> SaveTarget:
     """The save target for ``url`` without touching the store (every rank calls this)."""
     final = open_store(url, storage_options=storage_options, options=options)
     staged, prefix = final.staging(token)
     return SaveTarget(final, staged, overwrite, token, prefix)
 
 
-def begin_save(url: str, *, token: str, overwrite: bool, storage_options: dict | None = None,
-               options: StoreOptions | None = None) -> SaveTarget:
+def begin_save(
+    url: str, *, token: str, overwrite: bool, storage_options: dict | None = None, options: StoreOptions | None = None
+) -> SaveTarget:
     """Check the target and prepare the staging area (the coordinator calls this once)."""
     target = open_target(url, token=token, overwrite=overwrite, storage_options=storage_options, options=options)
     if existing(target.final) == "checkpoint" and not overwrite:
@@ -107,8 +127,9 @@ def read_parts(target: SaveTarget, world_size: int) -> list[dict]:
         try:
             part = json.loads(target.storage.read_bytes(PARTS_DIR, name).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as err:
-            raise ManifestError(f"{source}: not valid UTF-8 JSON ({err}); the rank's save is damaged - save "
-                                "that rank again") from None
+            raise ManifestError(
+                f"{source}: not valid UTF-8 JSON ({err}); the rank's save is damaged - save that rank again"
+            ) from None
         parts.append(check_part(part, rank=rank, world_size=world_size, source=source))
     return parts
 
@@ -123,8 +144,7 @@ def commit(target: SaveTarget, manifest: Manifest | bytes) -> None:
     """
     target.storage.remove(PARTS_DIR)
     data = manifest if isinstance(manifest, bytes) else manifest.to_json().encode()
-    target.final.commit(target.storage, data, overwrite=target.overwrite,
-                        key_prefix=target.key_prefix)
+    target.final.commit(target.storage, data, overwrite=target.overwrite, key_prefix=target.key_prefix)
 
 
 def abort(target: SaveTarget) -> None:
@@ -200,10 +220,17 @@ def read_manifest(storage: Store, *, problems: list | None = None) -> Manifest:
     from ucp.sharded_manifest import MAX_SHARD_BYTES
 
     def read_shard(key: str) -> bytes:
-        return storage.read_file(key, limit=MAX_SHARD_BYTES,
-                                 allowed="a metadata shard may hold (ucp.sharded_manifest.MAX_SHARD_BYTES)")
+        return storage.read_file(
+            key, limit=MAX_SHARD_BYTES, allowed="a metadata shard may hold (ucp.sharded_manifest.MAX_SHARD_BYTES)"
+        )
 
-    data = storage.read_file(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES,
-                             allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)")
-    return Manifest.from_json(data, source=storage.display(MANIFEST_NAME), checkpoint=storage.display(),
-                              problems=problems, read_shard=read_shard)
+    data = storage.read_file(
+        MANIFEST_NAME, limit=MAX_MANIFEST_BYTES, allowed="a manifest may hold (ucp.manifest.MAX_MANIFEST_BYTES)"
+    )
+    return Manifest.from_json(
+        data,
+        source=storage.display(MANIFEST_NAME),
+        checkpoint=storage.display(),
+        problems=problems,
+        read_shard=read_shard,
+    )

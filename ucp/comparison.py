@@ -58,10 +58,19 @@ class DiffReport:
         return {**asdict(self), "equal": self.equal}
 
 
-def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = None, b_format: str | None = None,
-         atol: float = 0.0, compare_state: bool = True, memory_budget: int | str = "2GiB",
-         progress: Callable[[int, int, str], None] | None = None, only: str | None = None,
-         b_whole: bool = False) -> DiffReport:
+def diff(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    *,
+    a_format: str | None = None,
+    b_format: str | None = None,
+    atol: float = 0.0,
+    compare_state: bool = True,
+    memory_budget: int | str = "2GiB",
+    progress: Callable[[int, int, str], None] | None = None,
+    only: str | None = None,
+    b_whole: bool = False,
+) -> DiffReport:
     """Compare checkpoints ``a`` and ``b`` (see the module doc).
 
     ``only`` compares one part of each side, as :func:`ucp.convert` writes it (``"model"``:
@@ -104,9 +113,16 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, a_format: str | None = N
             else:
                 found = _compare(ta, tb, blocks(ta.shape, ta.dtype, block), atol)
                 if found is not None:
-                    out.append(Difference(name, "values", f"{found[1]} of {ta.numel} elements differ "
-                                          f"(max |a-b| = {found[0]:.6g})" + (f" beyond atol {atol:g}" if atol else ""),
-                                          found[0], found[1]))
+                    out.append(
+                        Difference(
+                            name,
+                            "values",
+                            f"{found[1]} of {ta.numel} elements differ "
+                            f"(max |a-b| = {found[0]:.6g})" + (f" beyond atol {atol:g}" if atol else ""),
+                            found[0],
+                            found[1],
+                        )
+                    )
                 compared += 1
             done += ta.nbytes
             if progress is not None:

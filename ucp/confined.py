@@ -35,8 +35,13 @@ import stat
 
 from ucp.errors import UnsafePathError
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def real_root(root: str) -> str:
@@ -72,8 +77,9 @@ def read_regular_file(path: str | os.PathLike, *, limit: int, what: str = "the f
     fd, info = _open_regular(path, "", f"give the path of {what}")
     with os.fdopen(fd, "rb", buffering=0) as fh:
         if info.st_size > limit:
-            raise UnsafePathError(f"{path} holds {info.st_size} bytes, more than the {limit} that {what} may hold; "
-                                  "refusing to read it")
+            raise UnsafePathError(
+                f"{path} holds {info.st_size} bytes, more than the {limit} that {what} may hold; refusing to read it"
+            )
         return fh.read(limit + 1)[:limit]
 
 
@@ -91,9 +97,17 @@ def _open_regular(path: str, lead: str, advice: str) -> tuple[int, os.stat_resul
         raise
 
 
-def read_inside(root: str, rel: str, *, limit: int, start: int = 0, size_limit: int | None = None,
-                real: str | None = None, what: str | None = None,
-                allowed: str = "the manifest says it holds") -> tuple[bytes, int]:
+def read_inside(
+    root: str,
+    rel: str,
+    *,
+    limit: int,
+    start: int = 0,
+    size_limit: int | None = None,
+    real: str | None = None,
+    what: str | None = None,
+    allowed: str = "the manifest says it holds",
+) -> tuple[bytes, int]:
     """Bytes ``[start, start + limit)`` of ``root/rel`` (fewer if the file is shorter), and the file's size.
 
     A file larger than ``size_limit`` is refused before anything is read (UnsafePathError
@@ -119,8 +133,9 @@ def read_inside(root: str, rel: str, *, limit: int, start: int = 0, size_limit: 
         os.close(fd)
 
 
-def read_exact_into(root: str, rel: str, view: memoryview, *, size: int, real: str | None = None,
-                    what: str | None = None) -> tuple[int, int]:
+def read_exact_into(
+    root: str, rel: str, view: memoryview, *, size: int, real: str | None = None, what: str | None = None
+) -> tuple[int, int]:
     """Fill ``view`` from ``root/rel`` if the file holds exactly ``size`` bytes: ``(file size, bytes read)``.
 
     A file of any other size is not read at all (a chunk file is exactly its chunk's size).
@@ -140,8 +155,9 @@ def relative_parts(rel: str, root: str, *, verb: str = "write") -> list[str]:
     """
     parts = rel.replace(os.sep, "/").split("/")
     if rel.startswith(("/", os.sep)) or os.path.isabs(rel) or not parts[-1] or any(p in (".", "..") for p in parts):
-        raise UnsafePathError(f"{rel!r} is not a relative path of plain names inside the checkpoint {root}; "
-                              f"refusing to {verb} it")
+        raise UnsafePathError(
+            f"{rel!r} is not a relative path of plain names inside the checkpoint {root}; refusing to {verb} it"
+        )
     return parts
 
 
@@ -169,20 +185,28 @@ def write_inside(root: str, rel: str, data: bytes | memoryview, *, real: str | N
             inner = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=fd)
             os.close(fd)
             fd = inner
-            _check_inside(fd, os.path.join(root, *parts[:depth + 1]), real, "", refusal=(
-                "refusing to write into it - replace the link with a directory"))
+            _check_inside(
+                fd,
+                os.path.join(root, *parts[: depth + 1]),
+                real,
+                "",
+                refusal=("refusing to write into it - replace the link with a directory"),
+            )
         write_atomic(parts[-1], data, dir_fd=fd)
     finally:
         os.close(fd)
 
 
-def _check_inside(fd: int, path: str, real: str, lead: str,
-                  refusal: str = "refusing to read it - replace the link with the file itself") -> None:
+def _check_inside(
+    fd: int,
+    path: str,
+    real: str,
+    lead: str,
+    refusal: str = "refusing to read it - replace the link with the file itself",
+) -> None:
     try:  # the path of the file actually opened (Linux); elsewhere the path resolved now
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         opened = os.path.realpath(path)
     if opened != real and not opened.startswith(real.rstrip(os.sep) + os.sep):
-        raise UnsafePathError(
-            f"{lead}{path} resolves to {opened}, outside the checkpoint {real}; {refusal}"
-        )
+        raise UnsafePathError(f"{lead}{path} resolves to {opened}, outside the checkpoint {real}; {refusal}")

@@ -129,8 +129,9 @@ def convert(
     if fmt_out.open_writer is None:
         raise ConversionError(f"format {fmt_out.name!r} can be read but not written here")
     if (program is not None or layout is not None or params) and fmt_out.name != "ucp":
-        raise ConversionError(f"--program/--layout describe how a ucp checkpoint is sharded; they do not apply to "
-                              f"--to {fmt_out.name}")
+        raise ConversionError(
+            f"--program/--layout describe how a ucp checkpoint is sharded; they do not apply to --to {fmt_out.name}"
+        )
     if os.path.abspath(src.rstrip("/")) == os.path.abspath(dst.rstrip("/")):
         raise ConversionError(f"source and destination are the same path ({src}); write the result elsewhere")
     fmt_in = get_format(src_format) if src_format else detect_format(src)
@@ -150,8 +151,14 @@ def convert(
         _check_repeats(infos, src, budget)
         state = reader.state() if only is None else TrainingState()
         total = sum(i.nbytes for i in infos)
-        writer = fmt_out.open_writer(dst, tensors=[LogicalTensor(i.name, i.shape, i.dtype) for i in infos],
-                                     overwrite=overwrite, block_bytes=block, state=state, **writer_options)
+        writer = fmt_out.open_writer(
+            dst,
+            tensors=[LogicalTensor(i.name, i.shape, i.dtype) for i in infos],
+            overwrite=overwrite,
+            block_bytes=block,
+            state=state,
+            **writer_options,
+        )
         done = 0
         try:
             copied = _copy_side_files(writer, files, explicit=hf_files is not None, fmt=fmt_out.name)
@@ -172,12 +179,24 @@ def convert(
             writer.abort()
             raise
         writer.close()
-    return ConvertResult(src=src, dst=dst, src_format=fmt_in.name, dst_format=fmt_out.name, tensors=len(infos),
-                         bytes=total, largest_tensor=max((i.nbytes for i in infos), default=0),
-                         memory_budget=budget, block_bytes=block, seconds=time.perf_counter() - started,
-                         only=only, left_out=left_out, files=copied, files_left_out=tuple(sorted(set(files) - set(copied))),
-                         program=None if bound is None else str(bound),
-                         non_model_tensors=sum("/" in i.name for i in infos))
+    return ConvertResult(
+        src=src,
+        dst=dst,
+        src_format=fmt_in.name,
+        dst_format=fmt_out.name,
+        tensors=len(infos),
+        bytes=total,
+        largest_tensor=max((i.nbytes for i in infos), default=0),
+        memory_budget=budget,
+        block_bytes=block,
+        seconds=time.perf_counter() - started,
+        only=only,
+        left_out=left_out,
+        files=copied,
+        files_left_out=tuple(sorted(set(files) - set(copied))),
+        program=None if bound is None else str(bound),
+        non_model_tensors=sum("/" in i.name for i in infos),
+    )
 
 
 def bind_program(program: Any, params: Mapping[str, Any] | None, src: str) -> Any:
@@ -200,7 +219,8 @@ def bind_program(program: Any, params: Mapping[str, Any] | None, src: str) -> An
         raise UnboundNameError(
             f"{bound.name}: {len(missing)} program parameter(s) without a value: {', '.join(missing)} ({where}); "
             "give each as params={NAME: VALUE} (--param NAME=VALUE on the command line), or put the model's "
-            "config.json beside the source")
+            "config.json beside the source"
+        )
     return bound
 
 
@@ -210,8 +230,10 @@ def _copy_side_files(writer: Any, files: Mapping[str, str], *, explicit: bool, f
         return ()
     if not getattr(writer, "takes_files", False):
         if explicit:
-            raise ConversionError(f"side files ({', '.join(files)}) go into a folder output; {fmt} output "
-                                  f"{writer.path} has no room for them (write a safetensors folder)")
+            raise ConversionError(
+                f"side files ({', '.join(files)}) go into a folder output; {fmt} output "
+                f"{writer.path} has no room for them (write a safetensors folder)"
+            )
         return ()
     for name, path in files.items():
         writer.add_file(name, path)
@@ -261,7 +283,8 @@ def _check_repeats(infos: list, src: str, budget: int) -> None:
                 f"{src}: tensor {info.name!r} is a view of {info.stored.nbytes} stored bytes presented as "
                 f"{info.dtype}{list(info.shape)} ({info.nbytes} bytes, as expand() saves it); converting writes "
                 f"every element: pass --memory-budget {info.nbytes} (or more) to allow it, or save it contiguous "
-                "at the source")
+                "at the source"
+            )
 
 
 def _check_names(infos: list, src: str) -> None:

@@ -31,8 +31,18 @@ import torch.distributed as dist
 
 from ucp import checksum as _checksum
 from ucp.agreement import Agreement, Failure, agree
-from ucp.commit import (PARTS_DIR, SHARED_TOKEN, SaveTarget, abort as _abort, begin_save, commit, existing,
-                        new_token, open_target, write_part)
+from ucp.commit import (
+    PARTS_DIR,
+    SHARED_TOKEN,
+    SaveTarget,
+    abort as _abort,
+    begin_save,
+    commit,
+    existing,
+    new_token,
+    open_target,
+    write_part,
+)
 from ucp.dtypes import host_array
 from ucp.errors import CheckpointExistsError, LayoutError, UcpError
 from ucp.geometry import Region, region_to_dict
@@ -60,19 +70,18 @@ class SaveCoordinator(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None,
-              options: StoreOptions) -> SaveTarget:
+    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None, options: StoreOptions) -> SaveTarget:
         """Open the staging area this rank writes into (collective with a process group)."""
 
     def check_spec(self, key: str, tspec: TensorSpec) -> None:
         """Refuse a tensor's map this coordinator cannot carry out (before anything is written)."""
 
-    def reconcile(self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec,
-                  part: dict) -> torch.Tensor:
+    def reconcile(
+        self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec, part: dict
+    ) -> torch.Tensor:
         """The data one replica writes of a replicated piece: averaged, or its digest recorded for a check."""
 
-    def close(self, target: SaveTarget, part: dict, *,
-              failure: Exception | None) -> tuple[bool, Manifest | None]:
+    def close(self, target: SaveTarget, part: dict, *, failure: Exception | None) -> tuple[bool, Manifest | None]:
         """Commit (or hand over) this rank's part: (committed, the manifest where this rank holds it).
 
         ``failure``: this rank's writes failed; the save is aborted and the failure raised.
@@ -126,8 +135,9 @@ class _Alone:
     def check_spec(self, key: str, tspec: TensorSpec) -> None:
         return None
 
-    def reconcile(self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec,
-                  part: dict) -> torch.Tensor:
+    def reconcile(
+        self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec, part: dict
+    ) -> torch.Tensor:
         return data  # replicas cannot be compared or averaged without a group: each writes its own share
 
     def broadcast(self, value: Any) -> Any:
@@ -142,13 +152,12 @@ class _Alone:
 class SingleProcess(_Alone):
     """One rank saves alone and commits its own part."""
 
-    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None,
-              options: StoreOptions) -> SaveTarget:
-        return begin_save(path, token=new_token(), overwrite=overwrite, storage_options=storage_options,
-                          options=options)
+    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None, options: StoreOptions) -> SaveTarget:
+        return begin_save(
+            path, token=new_token(), overwrite=overwrite, storage_options=storage_options, options=options
+        )
 
-    def close(self, target: SaveTarget, part: dict, *,
-              failure: Exception | None) -> tuple[bool, Manifest | None]:
+    def close(self, target: SaveTarget, part: dict, *, failure: Exception | None) -> tuple[bool, Manifest | None]:
         if failure is not None:
             _cleanup(target)
             raise failure
@@ -172,10 +181,10 @@ class SharedStaging(_Alone):
     rank that fails leaves a part that says why.
     """
 
-    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None,
-              options: StoreOptions) -> SaveTarget:
-        target = open_target(path, token=SHARED_TOKEN, overwrite=overwrite, storage_options=storage_options,
-                             options=options)
+    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None, options: StoreOptions) -> SaveTarget:
+        target = open_target(
+            path, token=SHARED_TOKEN, overwrite=overwrite, storage_options=storage_options, options=options
+        )
         if existing(target.final) == "checkpoint" and not overwrite:
             raise CheckpointExistsError(
                 f"a checkpoint already exists at {target.final.display()}; pass overwrite=True to replace it "
@@ -187,8 +196,7 @@ class SharedStaging(_Alone):
         target.storage.remove(PARTS_DIR, f"rank-{self.rank:05d}.json")
         return target
 
-    def close(self, target: SaveTarget, part: dict, *,
-              failure: Exception | None) -> tuple[bool, Manifest | None]:
+    def close(self, target: SaveTarget, part: dict, *, failure: Exception | None) -> tuple[bool, Manifest | None]:
         if failure is not None:
             self.abort(target, part, f"{type(failure).__name__}: {failure}")
             raise failure
@@ -223,8 +231,7 @@ class ProcessGroup:
     def _global(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank)
 
-    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None,
-              options: StoreOptions) -> SaveTarget:
+    def begin(self, path: str, *, overwrite: bool, storage_options: dict | None, options: StoreOptions) -> SaveTarget:
         box: list[Any] = [None, None]
         if self.rank == 0:
             try:
@@ -240,8 +247,9 @@ class ProcessGroup:
     def check_spec(self, key: str, tspec: TensorSpec) -> None:
         check_average(key, tspec, self.world_size)
 
-    def reconcile(self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec,
-                  part: dict) -> torch.Tensor:
+    def reconcile(
+        self, data: torch.Tensor, logical: str, target: Region, tspec: TensorSpec, part: dict
+    ) -> torch.Tensor:
         if tspec.replicas > 1 and tspec.policy == "average":
             data = average_replicas(data, tspec.replicas, self.group)
         if tspec.replicas > 1 and tspec.policy == "check-equal":
@@ -256,8 +264,7 @@ class ProcessGroup:
     def agree(self, problem: str | None, *, fatal: bool = False) -> Agreement:
         return agree(problem, fatal=fatal, group=self.group)
 
-    def close(self, target: SaveTarget, part: dict, *,
-              failure: Exception | None) -> tuple[bool, Manifest | None]:
+    def close(self, target: SaveTarget, part: dict, *, failure: Exception | None) -> tuple[bool, Manifest | None]:
         if failure is not None:
             part["error"] = f"{type(failure).__name__}: {failure}"
         error, manifest = self._exchange(target, part)
@@ -308,8 +315,14 @@ class ProcessGroup:
             box: list[Any] = [None]
             dist.recv_object_list(box, src=self._global(member), group=self.group)
             parts.append(box[0])
-        summary = write_group_shard(parts, index=group, ranks=plan.ranks(group), seed=target.token,
-                                    key_prefix=target.key_prefix, write=target.storage.write_bytes)
+        summary = write_group_shard(
+            parts,
+            index=group,
+            ranks=plan.ranks(group),
+            seed=target.token,
+            key_prefix=target.key_prefix,
+            write=target.storage.write_bytes,
+        )
         del parts  # the group's parts are in its shard now
         if self.rank != 0:
             dist.send_object_list([summary], dst=self._global(0), group=self.group)
@@ -320,8 +333,9 @@ class ProcessGroup:
             dist.recv_object_list(box, src=self._global(plan.leader(other)), group=self.group)
             summaries.append(box[0])
         try:
-            commit(target, root_manifest(summaries, part, seed=target.token, world_size=self.world_size,
-                                         created=utc_now()))
+            commit(
+                target, root_manifest(summaries, part, seed=target.token, world_size=self.world_size, created=utc_now())
+            )
         except Exception as err:  # noqa: BLE001 - reported to every rank
             _cleanup(target)
             return err

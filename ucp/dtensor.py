@@ -28,8 +28,9 @@ def is_dtensor(value: Any) -> bool:
     return type(value).__name__ == "DTensor" and isinstance(value, torch.Tensor)
 
 
-def dtensor_box(shape: tuple[int, ...], placements, mesh_shape: tuple[int, ...], coords: tuple[int, ...],
-                *, key: str = "?") -> tuple[Box, int, int]:
+def dtensor_box(
+    shape: tuple[int, ...], placements, mesh_shape: tuple[int, ...], coords: tuple[int, ...], *, key: str = "?"
+) -> tuple[Box, int, int]:
     """(global box held locally, replica index, replica count) for one rank. Pure: no process group."""
     offsets, sizes = [0] * len(shape), list(shape)
     replica, replicas = 0, 1

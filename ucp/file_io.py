@@ -53,7 +53,7 @@ def little_endian(array: np.ndarray) -> np.ndarray:
 def write_all(fd: int, view: memoryview) -> None:
     """Write all of ``view`` to ``fd``."""
     while view.nbytes:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def done_future(value: Any) -> Future:
@@ -78,8 +78,9 @@ _NO_TMPFILE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EISDIR, errno.EINVAL, errn
 _NO_DIR_FSYNC = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF}
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | memoryview, *, durable: bool = True,
-                 dir_fd: int | None = None) -> None:
+def write_atomic(
+    path: str | os.PathLike, data: bytes | memoryview, *, durable: bool = True, dir_fd: int | None = None
+) -> None:
     """Replace the file ``path`` with ``data``: a reader sees the old bytes or the new, never a part.
 
     The bytes go into a file of the same directory that has no name yet (Linux ``O_TMPFILE``;
@@ -101,8 +102,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | memoryview, *, durable: 
     view = memoryview(data).cast("B")
     try:
         if not _write_unnamed(parent, tmp, view, durable, dir_fd):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666,
-                         dir_fd=dir_fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666, dir_fd=dir_fd)
             try:
                 _fill(fd, view, durable)
             finally:

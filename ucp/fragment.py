@@ -1,8 +1,8 @@
 """One fragment of a manifest: a stored region of one logical tensor, written by one rank.
 
-    >>> Fragment.from_dict({"key": "r0/w", "rank": 0, "region": {"box": {"offsets": [0], "sizes": [4]}}, "nbytes": 16,
-    ...                     "chunk_rows": 4}).region
-    Box(offsets=(0,), sizes=(4,))
+>>> Fragment.from_dict({"key": "r0/w", "rank": 0, "region": {"box": {"offsets": [0], "sizes": [4]}}, "nbytes": 16,
+...                     "chunk_rows": 4}).region
+Box(offsets=(0,), sizes=(4,))
 """
 
 from __future__ import annotations
@@ -59,9 +59,15 @@ class Fragment:
             return None
         key, rank, nbytes, rows = data.get("key"), data.get("rank"), data.get("nbytes"), data.get("chunk_rows")
         checksums, offset = data.get("checksums", []), data.get("pack_offset")
-        if not (type(key) is str and plain_int(rank) and plain_int(nbytes) and plain_int(rows)
-                and (offset is None or plain_int(offset)) and type(checksums) is list
-                and all(type(c) is str for c in checksums)):
+        if not (
+            type(key) is str
+            and plain_int(rank)
+            and plain_int(nbytes)
+            and plain_int(rows)
+            and (offset is None or plain_int(offset))
+            and type(checksums) is list
+            and all(type(c) is str for c in checksums)
+        ):
             return None
         try:
             region = region_from_dict(data.get("region"))

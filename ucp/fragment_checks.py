@@ -35,28 +35,49 @@ _HEX_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
 
-def check_fragment(name: str, frag: Fragment, shape: tuple[int, ...], numel: int, itemsize: int,
-                           source: str, algorithm: str | None, world_size: int) -> None:
+def check_fragment(
+    name: str,
+    frag: Fragment,
+    shape: tuple[int, ...],
+    numel: int,
+    itemsize: int,
+    source: str,
+    algorithm: str | None,
+    world_size: int,
+) -> None:
     """Everything a reader relies on about one fragment, before any byte is read."""
     region = frag.region
     stored = region.sizes if isinstance(region, Box) else (region.numel,)
     rows = stored[0] if stored else 1
     chunks = 0 if region.numel == 0 else -(-rows // frag.chunk_rows) if frag.chunk_rows else -1
-    fine = (_SAFE_KEY.match(frag.key) and "/./" not in f"/{frag.key}/" and "/../" not in f"/{frag.key}/"
-            and frag.rank < world_size
-            and (box_fits(region, shape) if isinstance(region, Box) else region.stop <= numel)
-            and frag.nbytes == region.numel * itemsize
-            and 1 <= frag.chunk_rows <= max(1, rows)
-            and chunks <= max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES)
-            and (frag.pack_offset is None or chunks == 1)
-            and len(frag.checksums) == (0 if algorithm is None else chunks)
-            and all(_HEX_DIGEST.match(c) for c in frag.checksums))
+    fine = (
+        _SAFE_KEY.match(frag.key)
+        and "/./" not in f"/{frag.key}/"
+        and "/../" not in f"/{frag.key}/"
+        and frag.rank < world_size
+        and (box_fits(region, shape) if isinstance(region, Box) else region.stop <= numel)
+        and frag.nbytes == region.numel * itemsize
+        and 1 <= frag.chunk_rows <= max(1, rows)
+        and chunks <= max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES)
+        and (frag.pack_offset is None or chunks == 1)
+        and len(frag.checksums) == (0 if algorithm is None else chunks)
+        and all(_HEX_DIGEST.match(c) for c in frag.checksums)
+    )
     if not fine:  # the fast check failed: find what, and say it
         _raise_fragment_problem(name, frag, shape, itemsize, source, algorithm, world_size, rows, chunks)
 
 
-def _raise_fragment_problem(name: str, frag: Fragment, shape: tuple[int, ...], itemsize: int, source: str,
-                            algorithm: str | None, world_size: int, rows: int, chunks: int) -> None:
+def _raise_fragment_problem(
+    name: str,
+    frag: Fragment,
+    shape: tuple[int, ...],
+    itemsize: int,
+    source: str,
+    algorithm: str | None,
+    world_size: int,
+    rows: int,
+    chunks: int,
+) -> None:
     where = f"{source}: tensor {name!r} fragment {frag.key[:200]!r}"
     if not _SAFE_KEY.match(frag.key) or any(part in (".", "..") for part in frag.key.split("/")):
         raise ManifestError(f"{where}: a fragment key must be a relative path of plain names under data/")
@@ -73,8 +94,9 @@ def _raise_fragment_problem(name: str, frag: Fragment, shape: tuple[int, ...], i
             f"of {itemsize} byte(s); the manifest is damaged - load an older checkpoint"
         )
     if not 1 <= frag.chunk_rows <= max(1, rows):
-        raise ManifestError(f"{where}: chunk_rows must be between 1 and {max(1, rows)} (the rows it stores), "
-                            f"got {frag.chunk_rows}")
+        raise ManifestError(
+            f"{where}: chunk_rows must be between 1 and {max(1, rows)} (the rows it stores), got {frag.chunk_rows}"
+        )
     if chunks > max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES):
         raise ManifestError(
             f"{where}: chunk_rows {frag.chunk_rows} cuts {frag.nbytes} bytes into {chunks} chunks; a fragment of "
@@ -100,5 +122,9 @@ def is_safe_key(key: object) -> bool:
         >>> is_safe_key("r0/000001-w"), is_safe_key("r0/../../escape"), is_safe_key("/etc")
         (True, False, False)
     """
-    return (isinstance(key, str) and len(key) <= 1024 and bool(_SAFE_KEY.match(key))
-            and not any(part in (".", "..") for part in key.split("/")))
+    return (
+        isinstance(key, str)
+        and len(key) <= 1024
+        and bool(_SAFE_KEY.match(key))
+        and not any(part in (".", "..") for part in key.split("/"))
+    )

@@ -20,8 +20,9 @@ from ucp.spec import FragmentMap
 __all__ = ["array_key", "planned_fragments"]
 
 
-def planned_fragments(fmap: FragmentMap, *, rank: int, checksums: bool = True, pack_max: int | None = None,
-                      rules: SaveRules | None = None) -> dict[str, list[Fragment]]:
+def planned_fragments(
+    fmap: FragmentMap, *, rank: int, checksums: bool = True, pack_max: int | None = None, rules: SaveRules | None = None
+) -> dict[str, list[Fragment]]:
     """logical name -> the fragments rank ``rank`` writes under ``fmap`` (a save-direction map).
 
     Keys, regions, sizes, chunking, packing and the number of checksums are those the writer

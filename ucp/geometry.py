@@ -410,8 +410,10 @@ def tiles_exactly(regions: Sequence[Region], shape: Sequence[int]) -> bool:
 
 def _intervals_tile(regions: Sequence[Region], total: int) -> bool:
     """Flat ranges (or boxes of a 0-d/1-d tensor) as intervals of the flattening, sorted and abutting."""
-    spans = sorted((r.start, r.stop) if isinstance(r, FlatRange) else
-                   ((r.offsets[0], r.stops[0]) if r.ndim else (0, 1)) for r in regions)
+    spans = sorted(
+        (r.start, r.stop) if isinstance(r, FlatRange) else ((r.offsets[0], r.stops[0]) if r.ndim else (0, 1))
+        for r in regions
+    )
     position = 0
     for start, stop in spans:
         if start != position:
@@ -458,8 +460,9 @@ def _fingerprint(boxes: Sequence[Box], shape: tuple[int, ...]) -> bool:
     return total % prime == whole
 
 
-def overlapping_regions(regions: Sequence[Region], shape: Sequence[int], *,
-                        budget: int = 1_000_000) -> tuple[int, int] | None:
+def overlapping_regions(
+    regions: Sequence[Region], shape: Sequence[int], *, budget: int = 1_000_000
+) -> tuple[int, int] | None:
     """Indices ``(i, j)`` of two regions that share an element, or None if none is found.
 
     At most ``budget`` box pairs are compared, so a faulty layout of a million
@@ -470,9 +473,16 @@ def overlapping_regions(regions: Sequence[Region], shape: Sequence[int], *,
     """
     shape = tuple(shape)
     if len(shape) <= 1 or all(isinstance(r, FlatRange) for r in regions):
-        spans = sorted(((r.start, r.stop) if isinstance(r, FlatRange) else
-                        ((r.offsets[0], r.stops[0]) if r.ndim else (0, r.numel)), i)
-                       for i, r in enumerate(regions) if r.numel)
+        spans = sorted(
+            (
+                (r.start, r.stop)
+                if isinstance(r, FlatRange)
+                else ((r.offsets[0], r.stops[0]) if r.ndim else (0, r.numel)),
+                i,
+            )
+            for i, r in enumerate(regions)
+            if r.numel
+        )
         reach, owner = -1, -1
         for (start, stop), index in spans:
             if start < reach:
@@ -480,8 +490,9 @@ def overlapping_regions(regions: Sequence[Region], shape: Sequence[int], *,
             if stop > reach:
                 reach, owner = stop, index
         return None
-    pieces = sorted(((p.box, i) for i, r in enumerate(regions) for p in region_pieces(r, shape)),
-                    key=lambda bi: bi[0].offsets[0])
+    pieces = sorted(
+        ((p.box, i) for i, r in enumerate(regions) for p in region_pieces(r, shape)), key=lambda bi: bi[0].offsets[0]
+    )
     for a, (box_a, ia) in enumerate(pieces):
         for b in range(a + 1, len(pieces)):
             box_b, ib = pieces[b]

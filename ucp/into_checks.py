@@ -42,10 +42,18 @@ def check_into(key: str, tensor: torch.Tensor) -> None:
 def check_fits(reader, key, tspec, tensor, shape, dtype, *, exact: bool) -> None:
     check_into(key, tensor)
     got = (list(tensor.shape), dtype_name(tensor.dtype))
-    fits = tuple(tensor.shape) == tuple(shape) if exact else all(
-        (isinstance(p.local, Box) and len(p.local.sizes) == tensor.dim() and Box.full(tuple(tensor.shape)).contains(p.local))
-        or (isinstance(p.local, FlatRange) and p.local.stop <= tensor.numel())
-        for p in tspec.pieces
+    fits = (
+        tuple(tensor.shape) == tuple(shape)
+        if exact
+        else all(
+            (
+                isinstance(p.local, Box)
+                and len(p.local.sizes) == tensor.dim()
+                and Box.full(tuple(tensor.shape)).contains(p.local)
+            )
+            or (isinstance(p.local, FlatRange) and p.local.stop <= tensor.numel())
+            for p in tspec.pieces
+        )
     )
     if not fits or got[1] != dtype:
         raise ShapeMismatchError(
@@ -57,18 +65,29 @@ def check_fits(reader, key, tspec, tensor, shape, dtype, *, exact: bool) -> None
 def key_error(path: str, missing: list[str], unexpected: list[str]) -> KeyMismatchError:
     lines = [f"keys do not match checkpoint {path}:"]
     if missing:
-        lines.append(f"  missing from the checkpoint ({len(missing)}): {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
+        lines.append(
+            f"  missing from the checkpoint ({len(missing)}): {', '.join(missing[:20])}"
+            + (" ..." if len(missing) > 20 else "")
+        )
     if unexpected:
-        lines.append(f"  not expected by the target ({len(unexpected)}): {', '.join(unexpected[:20])}" + (" ..." if len(unexpected) > 20 else ""))
-        lines.append("  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
-                     "({'optim': opt}), not opt.state_dict()")
-    lines.append("  strict=False loads the keys both have and adds the saved ones the target lacks "
-                 "(those under top-level keys it does not have are skipped with a warning)")
+        lines.append(
+            f"  not expected by the target ({len(unexpected)}): {', '.join(unexpected[:20])}"
+            + (" ..." if len(unexpected) > 20 else "")
+        )
+        lines.append(
+            "  a fresh optimizer has no per-parameter state yet: put the optimizer itself in the state "
+            "({'optim': opt}), not opt.state_dict()"
+        )
+    lines.append(
+        "  strict=False loads the keys both have and adds the saved ones the target lacks "
+        "(those under top-level keys it does not have are skipped with a warning)"
+    )
     return KeyMismatchError("\n".join(lines))
 
 
-def saved_extras(path: str, unexpected: list[str], places: dict[str, str], top: set | None,
-                  skipped_top: set | None) -> dict[str, str]:
+def saved_extras(
+    path: str, unexpected: list[str], places: dict[str, str], top: set | None, skipped_top: set | None
+) -> dict[str, str]:
     """The saved tensors a non-strict load adds to ``into`` (under its top-level keys); warns about the rest.
 
     Each is keyed by its logical name, which the tree's references resolve to; the top-level
@@ -86,7 +105,8 @@ def saved_extras(path: str, unexpected: list[str], places: dict[str, str], top: 
         warnings.warn(
             f"strict=False: {len(skipped)} saved tensor(s) of {path} were not loaded, the target has no top-level key "
             f"for them: {shown}; add those keys to the state to load them, or load without into=",
-            PartialLoadWarning, stacklevel=6,
+            PartialLoadWarning,
+            stacklevel=6,
         )
     return extras
 

@@ -89,8 +89,7 @@ class Layout:
             )
         if self.dp % self.ep:
             raise LayoutError(
-                f"layout ep={self.ep} must divide dp={self.dp} "
-                "(experts are spread over the data-parallel group)"
+                f"layout ep={self.ep} must divide dp={self.dp} (experts are spread over the data-parallel group)"
             )
 
     @property
@@ -120,7 +119,9 @@ class Layout:
             raise LayoutError(f"a layout must be an object of dimension sizes, got {type(data).__name__}")
         unknown = set(data) - set(_DIMS)
         if unknown:
-            raise LayoutError(f"unknown layout dimension(s) {sorted(map(str, unknown))}; expected some of {list(_DIMS)}")
+            raise LayoutError(
+                f"unknown layout dimension(s) {sorted(map(str, unknown))}; expected some of {list(_DIMS)}"
+            )
         bad = {k: v for k, v in data.items() if not isinstance(v, int) or isinstance(v, bool)}
         if bad:
             name, value = next(iter(bad.items()))
@@ -143,7 +144,9 @@ class Layout:
             try:
                 values[name] = int(value)
             except ValueError:
-                raise LayoutError(f"bad layout value {_short(value)} for {name} in {_short(text)}: expected an integer") from None
+                raise LayoutError(
+                    f"bad layout value {_short(value)} for {name} in {_short(text)}: expected an integer"
+                ) from None
         return cls(**values)
 
     def __str__(self) -> str:

@@ -88,8 +88,11 @@ Target = FragmentMap | Sequence[LoadRequest]
 def requests_of(target: Target) -> tuple[LoadRequest, ...]:
     """The requests of a load-direction fragment map (every piece of every local tensor), or ``target`` itself."""
     if isinstance(target, FragmentMap):
-        return tuple(LoadRequest(p.logical, p.target, key, i)
-                     for key, spec in target.tensors.items() for i, p in enumerate(spec.pieces))
+        return tuple(
+            LoadRequest(p.logical, p.target, key, i)
+            for key, spec in target.tensors.items()
+            for i, p in enumerate(spec.pieces)
+        )
     return tuple(target)
 
 
@@ -108,11 +111,15 @@ def plan_load(manifest: Any, target: Target) -> LoadPlan:
         try:
             entry = tensors[request.logical]
         except KeyError:
-            raise KeyMismatchError(f"no logical tensor {request.logical!r} in the checkpoint (a load asks for "
-                                   f"{request.region} of it); `ucp inspect` lists the tensors it has") from None
+            raise KeyMismatchError(
+                f"no logical tensor {request.logical!r} in the checkpoint (a load asks for "
+                f"{request.region} of it); `ucp inspect` lists the tensors it has"
+            ) from None
         if not region_fits(request.region, entry.shape):
-            raise ShapeMismatchError(f"cannot read {request.region} of tensor {request.logical!r}: it does not fit "
-                                     f"its shape {list(entry.shape)}")
+            raise ShapeMismatchError(
+                f"cannot read {request.region} of tensor {request.logical!r}: it does not fit "
+                f"its shape {list(entry.shape)}"
+            )
         frags = entry.fragments
         for op in plan_overlaps([f.region for f in frags], request.region, entry.shape):
             items.append(ReadItem(index, frags[op.source], op.src, op.dst, op.overlap))

@@ -32,9 +32,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ucp.errors import (ChecksumError, CheckpointNotFoundError, FormatError, IncompleteCheckpointError,
-                        InvalidArgumentError, ManifestError, RestoreError, RestoreFallbackWarning,
-                        TensorTooLargeError, TruncatedDataError, UcpError)
+from ucp.errors import (
+    ChecksumError,
+    CheckpointNotFoundError,
+    FormatError,
+    IncompleteCheckpointError,
+    InvalidArgumentError,
+    ManifestError,
+    RestoreError,
+    RestoreFallbackWarning,
+    TensorTooLargeError,
+    TruncatedDataError,
+    UcpError,
+)
 from ucp.commit import delete_checkpoint
 from ucp.coordination import coordinator_for, default_process_group
 from ucp.policies import EveryNSteps, KeepLast, RetentionPolicy, SavePolicy
@@ -44,8 +54,16 @@ __all__ = ["CheckpointManager", "SaveRecord", "step_dirname"]
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 # What a damaged checkpoint raises while it loads: restore falls back past these, and raises
 # anything else (the caller's mistakes; a checkpoint from a newer format, which needs an upgrade).
-_DAMAGE = (ChecksumError, TruncatedDataError, IncompleteCheckpointError, ManifestError, CheckpointNotFoundError,
-           TensorTooLargeError, FormatError, OSError)
+_DAMAGE = (
+    ChecksumError,
+    TruncatedDataError,
+    IncompleteCheckpointError,
+    ManifestError,
+    CheckpointNotFoundError,
+    TensorTooLargeError,
+    FormatError,
+    OSError,
+)
 
 
 def step_dirname(step: int) -> str:
@@ -117,8 +135,9 @@ class CheckpointManager:
         self._save_options = dict(save_options or {})
         self._storage_options = self._save_options.get("storage_options")
         # Local directories and fsspec URLs alike (listing, reading manifests, deleting).
-        self._store = open_store(self.directory, storage_options=self._storage_options,
-                                 options=self._save_options.get("store_options"))
+        self._store = open_store(
+            self.directory, storage_options=self._storage_options, options=self._save_options.get("store_options")
+        )
         self.save_policy = save_policy
         self.retention = retention
         self.verify = verify
@@ -354,8 +373,11 @@ class CheckpointManager:
         in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
         removed, recovered = self._store.sweep(child=lambda name: _STEP_DIR.match(name) is not None, skip=in_flight)
         for final, source in recovered:
-            warnings.warn(f"recovered {final} from {source}, where an interrupted overwrite had moved it",
-                          RestoreFallbackWarning, stacklevel=2)
+            warnings.warn(
+                f"recovered {final} from {source}, where an interrupted overwrite had moved it",
+                RestoreFallbackWarning,
+                stacklevel=2,
+            )
         return removed
 
     # -------------------------------------------------------------- internals
@@ -397,8 +419,11 @@ class CheckpointManager:
 
         for step, path in reversed(self.checkpoints()):
             try:
-                read_manifest(find_manifest(path, storage_options=self._storage_options,
-                                            options=self._save_options.get("store_options")))
+                read_manifest(
+                    find_manifest(
+                        path, storage_options=self._storage_options, options=self._save_options.get("store_options")
+                    )
+                )
                 if verify and not _verified(path, self._storage_options):
                     continue
             except (UcpError, OSError):
@@ -420,8 +445,9 @@ class CheckpointManager:
                 if handle.exception() is None:
                     self._unreplicated.append(str(handle.path))
                     self._records.append(
-                        SaveRecord(step, str(handle.path), handle.blocking_seconds,
-                                   handle.background_seconds or 0.0, True)
+                        SaveRecord(
+                            step, str(handle.path), handle.blocking_seconds, handle.background_seconds or 0.0, True
+                        )
                     )
                     self._apply_retention()
 
@@ -447,9 +473,11 @@ def _tainted(skipped: list[tuple[str, set[str]]], filled: set[str], path: str) -
         left = sorted(touched - filled)
         if left:
             shown = ", ".join(map(repr, left[:10])) + (" ..." if len(left) > 10 else "")
-            return (f"cannot restore consistently: {failed} failed part-way and {path} does not hold {shown}, "
-                    "which the failed load may have filled in part; re-initialize those tensors and restore with "
-                    "strict=True, or repair the newer checkpoint")
+            return (
+                f"cannot restore consistently: {failed} failed part-way and {path} does not hold {shown}, "
+                "which the failed load may have filled in part; re-initialize those tensors and restore with "
+                "strict=True, or repair the newer checkpoint"
+            )
     return None
 
 

@@ -26,8 +26,20 @@ from ucp.fragment import Fragment  # part of the manifest's API (ucp.manifest.Fr
 from ucp.fragment_checks import check_fragment
 from ucp.geometry import overlapping_regions, tiles_exactly
 from ucp.manifest_json import (  # noqa: F401 - the names, versions and limits are the manifest's API too
-    DATA_DIR, FORMAT_VERSION, MANIFEST_NAME, MAX_INT, MAX_MANIFEST_BYTES, READABLE_VERSIONS, SHARDED_FORMAT_VERSION,
-    checked_int, json_field, json_type, parse_json, plain_int, show_value)
+    DATA_DIR,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_INT,
+    MAX_MANIFEST_BYTES,
+    READABLE_VERSIONS,
+    SHARDED_FORMAT_VERSION,
+    checked_int,
+    json_field,
+    json_type,
+    parse_json,
+    plain_int,
+    show_value,
+)
 from ucp.program_record import ProgramRecord
 from ucp.sharded_manifest import ShardedStates, ShardedTensors, ShardSource, parse_shard_refs
 from ucp.state_schema import check_state_tree
@@ -98,17 +110,34 @@ class Manifest:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = "manifest.json", checkpoint: str | None = None,
-                  problems: list[tuple[str, ManifestError]] | None = None,
-                  read_shard: Callable[[str], bytes] | None = None) -> "Manifest":
+    def from_json(
+        cls,
+        text: str | bytes,
+        *,
+        source: str = "manifest.json",
+        checkpoint: str | None = None,
+        problems: list[tuple[str, ManifestError]] | None = None,
+        read_shard: Callable[[str], bytes] | None = None,
+    ) -> "Manifest":
         """Parse and check a manifest (see :meth:`from_dict`)."""
-        return cls.from_dict(parse_json(text, source=source), source=source, checkpoint=checkpoint,
-                             problems=problems, read_shard=read_shard)
+        return cls.from_dict(
+            parse_json(text, source=source),
+            source=source,
+            checkpoint=checkpoint,
+            problems=problems,
+            read_shard=read_shard,
+        )
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "manifest.json", checkpoint: str | None = None,
-                  problems: list[tuple[str, ManifestError]] | None = None,
-                  read_shard: Callable[[str], bytes] | None = None) -> "Manifest":
+    def from_dict(
+        cls,
+        data: Any,
+        *,
+        source: str = "manifest.json",
+        checkpoint: str | None = None,
+        problems: list[tuple[str, ManifestError]] | None = None,
+        read_shard: Callable[[str], bytes] | None = None,
+    ) -> "Manifest":
         """Check everything a loader relies on and build the manifest; ManifestError names the field.
 
         ``source`` (the manifest file) starts messages; a state tree's name ``checkpoint``
@@ -140,13 +169,25 @@ class Manifest:
         raw_tensors = json_field(data, "tensors", source)
         if not isinstance(raw_tensors, dict):
             raise ManifestError(f"{source}: field 'tensors' must be an object, got {json_type(raw_tensors)}")
-        header = dict(world_size=world_size, checksum_algorithm=algorithm, layout=layout,
-                      program=None if data.get("program") is None else ProgramRecord.from_dict(data["program"],
-                                                                                               source=source),
-                      created=data.get("created"), producer=data.get("producer") or "", extra=dict(extra))
+        header = dict(
+            world_size=world_size,
+            checksum_algorithm=algorithm,
+            layout=layout,
+            program=None if data.get("program") is None else ProgramRecord.from_dict(data["program"], source=source),
+            created=data.get("created"),
+            producer=data.get("producer") or "",
+            extra=dict(extra),
+        )
         if version == SHARDED_FORMAT_VERSION:
-            return cls._from_root(data, raw_tensors, header, source=source, checkpoint=checkpoint or source,
-                                  problems=problems, read_shard=read_shard)
+            return cls._from_root(
+                data,
+                raw_tensors,
+                header,
+                source=source,
+                checkpoint=checkpoint or source,
+                problems=problems,
+                read_shard=read_shard,
+            )
         tensors = {}
         for name, t in raw_tensors.items():
             try:
@@ -157,14 +198,24 @@ class Manifest:
                 problems.append((name, err))
         return cls(
             tensors=tensors,
-            states=_resolve_states(json_field(data, "states", source), source, world_size, problems,
-                                   checkpoint=checkpoint or source),
+            states=_resolve_states(
+                json_field(data, "states", source), source, world_size, problems, checkpoint=checkpoint or source
+            ),
             **header,
         )
 
     @classmethod
-    def _from_root(cls, data: dict, raw_tensors: dict, header: dict, *, source: str, checkpoint: str,
-                   problems: list | None, read_shard: Callable[[str], bytes] | None) -> "Manifest":
+    def _from_root(
+        cls,
+        data: dict,
+        raw_tensors: dict,
+        header: dict,
+        *,
+        source: str,
+        checkpoint: str,
+        problems: list | None,
+        read_shard: Callable[[str], bytes] | None,
+    ) -> "Manifest":
         """A format-2 root: the tensor index and shard list checked now, the shards read when first needed."""
         world_size, algorithm = header["world_size"], header["checksum_algorithm"]
         refs = parse_shard_refs(json_field(data, "shards", source), source, world_size)
@@ -173,8 +224,11 @@ class Manifest:
             where = f"{source}: tensor {name!r}"
             dtype, shape = _dtype_shape(entry, where)
             holders = json_field(entry, "shards", where)
-            if not isinstance(holders, list) or len(set(holders)) != len(holders) or not all(
-                    plain_int(i) and i < len(refs) for i in holders):
+            if (
+                not isinstance(holders, list)
+                or len(set(holders)) != len(holders)
+                or not all(plain_int(i) and i < len(refs) for i in holders)
+            ):
                 raise ManifestError(f"{where}: field 'shards' must list distinct shard indexes below {len(refs)}")
             index[name] = (dtype, shape, tuple(holders))
         shards = ShardSource(refs, read_shard, source)
@@ -183,8 +237,11 @@ class Manifest:
             return _tensor_from_dict(name, entry, where, algorithm, world_size)
 
         # Format 2: mappings that parse on first use stand in for format 1's dicts.
-        return cls(tensors=ShardedTensors(index, shards, parse_entry, problems),  # type: ignore[arg-type]
-                   states=ShardedStates(world_size, shards, checkpoint), **header)  # type: ignore[arg-type]
+        return cls(
+            tensors=ShardedTensors(index, shards, parse_entry, problems),  # type: ignore[arg-type]
+            states=ShardedStates(world_size, shards, checkpoint),  # type: ignore[arg-type]
+            **header,
+        )
 
     @property
     def format_version(self) -> int:
@@ -229,7 +286,7 @@ def _layout(data: Any, source: str) -> dict | None:
 
     where = f"{source}: field 'layout'"
     if not isinstance(data, dict):
-        raise ManifestError(f"{where} must be an object like {{\"tp\": 2, \"dp\": 4}}, got {json_type(data)}")
+        raise ManifestError(f'{where} must be an object like {{"tp": 2, "dp": 4}}, got {json_type(data)}')
     for name, value in data.items():
         checked_int(value, f"{where}: {name[:40]!r}", high=1 << 31)
     try:
@@ -267,8 +324,10 @@ def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, 
     raw_fragments = json_field(data, "fragments", where)
     if not isinstance(raw_fragments, list):
         raise ManifestError(f"{where}: field 'fragments' must be a list, got {json_type(raw_fragments)}")
-    fragments = tuple(Fragment._parse_plain(f) or Fragment._from_dict_checked(f, f"{where} fragment {_label(f, i)}")
-                      for i, f in enumerate(raw_fragments))
+    fragments = tuple(
+        Fragment._parse_plain(f) or Fragment._from_dict_checked(f, f"{where} fragment {_label(f, i)}")
+        for i, f in enumerate(raw_fragments)
+    )
     covered = 0
     for frag in fragments:
         check_fragment(name, frag, shape, numel, itemsize, source, algorithm, world_size)
@@ -280,8 +339,14 @@ def _tensor_from_dict(name: str, data: Any, source: str, algorithm: str | None, 
         )
     if len(fragments) > 1 and not tiles_exactly([f.region for f in fragments], shape):
         pair = overlapping_regions([f.region for f in fragments], shape)
-        detail = (f"fragments {fragments[pair[0]].key!r} ({fragments[pair[0]].region}) and {fragments[pair[1]].key!r} "
-                  f"({fragments[pair[1]].region}) overlap") if pair else "some fragments overlap"
+        detail = (
+            (
+                f"fragments {fragments[pair[0]].key!r} ({fragments[pair[0]].region}) and {fragments[pair[1]].key!r} "
+                f"({fragments[pair[1]].region}) overlap"
+            )
+            if pair
+            else "some fragments overlap"
+        )
         raise ManifestError(
             f"{where}: {detail}, so other elements of shape {list(shape)} are in no fragment; "
             "the manifest is damaged - load an older checkpoint"
@@ -307,8 +372,9 @@ def _dedupe_states(states: dict[int, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve_states(data: Any, source: str, world_size: int, problems: list[tuple[str, ManifestError]] | None,
-                    *, checkpoint: str) -> dict[int, Any]:
+def _resolve_states(
+    data: Any, source: str, world_size: int, problems: list[tuple[str, ManifestError]] | None, *, checkpoint: str
+) -> dict[int, Any]:
     """Rank -> state tree, ``$same_as`` references resolved, each tree checked (state_schema)."""
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: field 'states' must be an object, got {json_type(data)}")
@@ -323,7 +389,9 @@ def _resolve_states(data: Any, source: str, world_size: int, problems: list[tupl
         if isinstance(tree, dict) and set(tree) == {"$same_as"}:
             other = tree["$same_as"]
             if isinstance(other, bool) or not isinstance(other, int) or other not in states or other >= rank:
-                raise ManifestError(f"{source}: states[{rank}] refers to {show_value(other)}, which is not a lower rank's tree")
+                raise ManifestError(
+                    f"{source}: states[{rank}] refers to {show_value(other)}, which is not a lower rank's tree"
+                )
             states[rank] = states[other]
             continue
         try:

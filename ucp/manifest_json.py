@@ -82,8 +82,15 @@ def json_field(data: dict, name: str, where: str) -> Any:
 
 
 def json_type(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def show_value(value: Any) -> str:

@@ -78,8 +78,9 @@ class GroupSummary:
     check_error: Exception | None = None  # a failed check or shard write, raised as is on every rank
 
 
-def write_group_shard(parts: list[dict], *, index: int, ranks: range, seed: str, key_prefix: str,
-                      write) -> GroupSummary:
+def write_group_shard(
+    parts: list[dict], *, index: int, ranks: range, seed: str, key_prefix: str, write
+) -> GroupSummary:
     """Check one group's parts, write its shard with ``write(key, bytes)``, and summarise it for rank 0.
 
     A failed rank or a failed check is reported in the summary (the shard is not written), so
@@ -97,8 +98,10 @@ def write_group_shard(parts: list[dict], *, index: int, ranks: range, seed: str,
         weights = CoverageWeights(seed)
         for name, frags in fragments.items():
             shape = summary.logical[name][1]
-            summary.cover[name] = (sum(f.region.numel for f in frags),
-                                   sum(weights.weight(f.region, shape) for f in frags) % PRIME)
+            summary.cover[name] = (
+                sum(f.region.numel for f in frags),
+                sum(weights.weight(f.region, shape) for f in frags) % PRIME,
+            )
         for part in parts:
             for name, region, digest in part["replica_digests"]:
                 summary.replicas.setdefault((name, str(region_from_dict(region))), (digest, part["rank"]))
@@ -129,8 +132,10 @@ def _group_fragments(parts: list[dict], logical: dict) -> dict[str, list[Fragmen
         shape = logical[name][1]
         bad = next((f for f in frags if not region_fits(f.region, shape)), None)
         if bad is not None:
-            raise CoverageError(f"logical tensor {name!r} {list(shape)}: the fragment of rank {bad.rank} "
-                                f"({bad.region}) does not fit its shape; check the fragment maps")
+            raise CoverageError(
+                f"logical tensor {name!r} {list(shape)}: the fragment of rank {bad.rank} "
+                f"({bad.region}) does not fit its shape; check the fragment maps"
+            )
         pair = overlapping_regions([f.region for f in frags], shape) if len(frags) > 1 else None
         if pair is not None:
             a, b = frags[pair[0]], frags[pair[1]]
@@ -142,8 +147,9 @@ def _group_fragments(parts: list[dict], logical: dict) -> dict[str, list[Fragmen
     return fragments
 
 
-def root_manifest(summaries: list[GroupSummary], first_part: dict, *, seed: str, world_size: int,
-                  created: str | None) -> bytes:
+def root_manifest(
+    summaries: list[GroupSummary], first_part: dict, *, seed: str, world_size: int, created: str | None
+) -> bytes:
     """The format-2 root from every group's summary (ordered by group); raises on any failed check."""
     failed = [(s.failed[0], s.failures) for s in summaries if s.failed]
     if failed:
@@ -176,8 +182,10 @@ def root_manifest(summaries: list[GroupSummary], first_part: dict, *, seed: str,
         "checksum_algorithm": first_part["checksum_algorithm"],
         "layout": first_part.get("layout"),
         "program": first_part.get("program"),
-        "tensors": {name: {"dtype": dtype, "shape": list(shape), "shards": holders.get(name, [])}
-                    for name, (dtype, shape, _) in sorted(logical.items())},
+        "tensors": {
+            name: {"dtype": dtype, "shape": list(shape), "shards": holders.get(name, [])}
+            for name, (dtype, shape, _) in sorted(logical.items())
+        },
         "shards": [s.shard for s in summaries],
         "extra": {},
     }
@@ -196,8 +204,11 @@ def _check_cover(summaries: list[GroupSummary], logical: dict, seed: str) -> Non
     for name, (_, shape, _) in sorted(logical.items()):
         numel = math.prod(shape)
         if counts[name] != numel or sums[name] % PRIME != weights.whole(shape):
-            detail = (f"its fragments hold {counts[name]} of {numel} elements" if counts[name] != numel else
-                      "fragments of ranks in different groups overlap, leaving other elements unwritten")
+            detail = (
+                f"its fragments hold {counts[name]} of {numel} elements"
+                if counts[name] != numel
+                else "fragments of ranks in different groups overlap, leaving other elements unwritten"
+            )
             raise CoverageError(
                 f"logical tensor {name!r} {list(shape)} is not covered exactly once: {detail}; check the fragment "
                 "maps (every element must belong to exactly one piece or one replica group)"

@@ -186,11 +186,11 @@ def _part_problem(part: Any, rank: int, world_size: int) -> str | None:
         return "member 'layout' is not an object or null"
     logical = part["logical"]
     if not isinstance(logical, dict):
-        return "member 'logical' is not a map of tensor name to {\"dtype\", \"shape\"}"
+        return 'member \'logical\' is not a map of tensor name to {"dtype", "shape"}'
     for name, info in logical.items():
         bad = _logical_problem(name, info)
         if bad:
-            return f"member 'logical' is not a map of tensor name to {{\"dtype\", \"shape\"}}: {bad}"
+            return f'member \'logical\' is not a map of tensor name to {{"dtype", "shape"}}: {bad}'
     fragments = part["fragments"]
     if not isinstance(fragments, dict) or not all(isinstance(v, list) for v in fragments.values()):
         return "member 'fragments' is not a map of tensor name to a list of fragments"
@@ -200,12 +200,18 @@ def _part_problem(part: Any, rank: int, world_size: int) -> str | None:
         for index, frag in enumerate(frags):
             bad = _fragment_problem(frag)
             if bad:
-                return (f"member 'fragments' is not a map of tensor name to a list of fragments: fragment {index} "
-                        f"of {name!r}: {bad}")
+                return (
+                    f"member 'fragments' is not a map of tensor name to a list of fragments: fragment {index} "
+                    f"of {name!r}: {bad}"
+                )
     digests = part["replica_digests"]
     if not isinstance(digests, list) or not all(
-        isinstance(d, list) and len(d) == 3 and isinstance(d[0], str) and isinstance(d[1], dict)
-        and isinstance(d[2], str) for d in digests
+        isinstance(d, list)
+        and len(d) == 3
+        and isinstance(d[0], str)
+        and isinstance(d[1], dict)
+        and isinstance(d[2], str)
+        for d in digests
     ):
         return "member 'replica_digests' is not a list of [name, region, digest]"
     return None

@@ -99,12 +99,20 @@ def subtract(box: Box, cut: Box) -> list[Box]:
     lo, sizes = list(box.offsets), list(box.sizes)
     for d in range(box.ndim):
         if inner.offsets[d] > lo[d]:  # the slab before the cut along d
-            out.append(Box(tuple(lo[:d]) + (lo[d],) + tuple(lo[d + 1:]),
-                           tuple(sizes[:d]) + (inner.offsets[d] - lo[d],) + tuple(sizes[d + 1:])))
+            out.append(
+                Box(
+                    tuple(lo[:d]) + (lo[d],) + tuple(lo[d + 1 :]),
+                    tuple(sizes[:d]) + (inner.offsets[d] - lo[d],) + tuple(sizes[d + 1 :]),
+                )
+            )
         stop, inner_stop = lo[d] + sizes[d], inner.offsets[d] + inner.sizes[d]
         if inner_stop < stop:  # the slab after it
-            out.append(Box(tuple(lo[:d]) + (inner_stop,) + tuple(lo[d + 1:]),
-                           tuple(sizes[:d]) + (stop - inner_stop,) + tuple(sizes[d + 1:])))
+            out.append(
+                Box(
+                    tuple(lo[:d]) + (inner_stop,) + tuple(lo[d + 1 :]),
+                    tuple(sizes[:d]) + (stop - inner_stop,) + tuple(sizes[d + 1 :]),
+                )
+            )
         lo[d], sizes[d] = inner.offsets[d], inner.sizes[d]  # the rest lies inside the cut along d
     return out
 
@@ -115,8 +123,13 @@ def _order(held: Sequence[HeldFragment], rank: int, world: int) -> list[HeldFrag
     return sorted(held, key=lambda h: ((h.rank - rank) % max(world, 1), h.key))
 
 
-def plan_sources(target: FragmentMap, held: Sequence[HeldFragment], shapes: Mapping[str, tuple[int, ...]], *,
-                 world: int | None = None) -> PeerPlan:
+def plan_sources(
+    target: FragmentMap,
+    held: Sequence[HeldFragment],
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    world: int | None = None,
+) -> PeerPlan:
     """Sources for every piece of ``target`` (one rank's load-direction fragment map).
 
     ``held``: every fragment held in memory anywhere (any order); ``shapes``: logical

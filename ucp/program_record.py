@@ -41,13 +41,18 @@ class ProgramRecord:
         if isinstance(data, str):
             return cls(text=data, name="<manifest>")
         if not isinstance(data, dict):
-            raise ManifestError(f"{source}: program must be an object with the program's text, got "
-                                f"{type(data).__name__}")
+            raise ManifestError(
+                f"{source}: program must be an object with the program's text, got {type(data).__name__}"
+            )
         unknown = sorted(set(map(str, data)) - {"text", "params", "name", "preset"})
         if unknown:
             raise ManifestError(f"{source}: program has unknown field(s) {unknown}")
-        text, params, name, preset = data.get("text"), data.get("params", {}), data.get("name", "<ucl>"), \
-            data.get("preset")
+        text, params, name, preset = (
+            data.get("text"),
+            data.get("params", {}),
+            data.get("name", "<ucl>"),
+            data.get("preset"),
+        )
         if not isinstance(text, str):
             raise ManifestError(f"{source}: program.text must be the program's source text, got {type(text).__name__}")
         if not isinstance(name, str) or not (preset is None or isinstance(preset, str)):

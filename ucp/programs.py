@@ -23,8 +23,9 @@ from ucp.program_record import ProgramRecord
 from ucp.spec import FragmentMap, LogicalTensor
 
 
-def compile_for_save(program: Any, *, spec: Any, layout: Layout | None, rank: int, local: dict,
-                     logical: dict | None) -> tuple[FragmentMap, ProgramRecord]:
+def compile_for_save(
+    program: Any, *, spec: Any, layout: Layout | None, rank: int, local: dict, logical: dict | None
+) -> tuple[FragmentMap, ProgramRecord]:
     """The fragment map of ``rank`` saving ``local`` (key -> (shape, dtype)) under ``program``, and its record.
 
     ``program`` is anything :func:`ucp.ucl.load_program` reads: UCL text, a ``.ucl`` path, a preset name
@@ -42,8 +43,17 @@ def compile_for_save(program: Any, *, spec: Any, layout: Layout | None, rank: in
     return spec_for_save(bound, layout, rank, local, shapes=logical), bound.record()
 
 
-def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: dict | None, logical: dict, *,
-                     spec: Any, program: Any, layout: Layout | None, rank: int | None) -> Any:
+def compile_for_load(
+    path: str,
+    recorded: ProgramRecord | None,
+    saved_layout: dict | None,
+    logical: dict,
+    *,
+    spec: Any,
+    program: Any,
+    layout: Layout | None,
+    rank: int | None,
+) -> Any:
     """What ``ucp.load`` loads by: ``spec`` as given, a program's map for ``rank`` of ``layout``, or None (whole tensors).
 
     Without ``program``, a ``layout`` (or a ``rank`` of the saved layout) uses the checkpoint's own
@@ -58,14 +68,17 @@ def compile_for_load(path: str, recorded: ProgramRecord | None, saved_layout: di
     if layout is None and rank is not None and saved_layout is not None:
         layout = Layout.from_dict(saved_layout)  # a rank of the layout the checkpoint was saved with
     if layout is None or rank is None:
-        raise LayoutError("loading through a UCL program needs layout= (e.g. 'tp=2,dp=2') and rank= to say "
-                          "which shard to load")
+        raise LayoutError(
+            "loading through a UCL program needs layout= (e.g. 'tp=2,dp=2') and rank= to say which shard to load"
+        )
     from ucp.ucl.bind import load_program, spec_for_load
 
     if program is None:
         if recorded is None:
-            raise UclError(f"checkpoint {path} records no UCL program, so it cannot be loaded under layout {layout} "
-                           "by itself: pass program= (the program it was saved with) or spec=")
+            raise UclError(
+                f"checkpoint {path} records no UCL program, so it cannot be loaded under layout {layout} "
+                "by itself: pass program= (the program it was saved with) or spec="
+            )
         bound = load_program(recorded)
     else:
         bound = merge_with_recorded(path, load_program(program), recorded)

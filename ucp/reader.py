@@ -59,8 +59,9 @@ def _assign(target: torch.Tensor, source: np.ndarray, dtype: str) -> None:
 def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tensor) -> None:
     """A region inside the tensor, and a destination of the region's storage shape and the tensor's dtype."""
     if not region_fits(region, entry.shape):
-        raise ShapeMismatchError(f"cannot read {region} of tensor {name!r}: it does not fit its shape "
-                                 f"{list(entry.shape)}")
+        raise ShapeMismatchError(
+            f"cannot read {region} of tensor {name!r}: it does not fit its shape {list(entry.shape)}"
+        )
     if tuple(dest.shape) != region_shape(region) or dest.dtype != torch_dtype(entry.dtype):
         raise ShapeMismatchError(
             f"cannot read {region} of tensor {name!r} into a {str(dest.dtype).removeprefix('torch.')}"
@@ -76,8 +77,15 @@ def _cache_key(frag: Fragment, index: int) -> tuple[str, int]:
 class CheckpointReader:
     """A committed checkpoint opened for reading (manifest parsed and validated)."""
 
-    def __init__(self, path: str, *, verify: bool = True, storage_options: dict | None = None,
-                 opened: tuple[Store, Manifest] | None = None, store_options: StoreOptions | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        verify: bool = True,
+        storage_options: dict | None = None,
+        opened: tuple[Store, Manifest] | None = None,
+        store_options: StoreOptions | None = None,
+    ) -> None:
         """Open the checkpoint at ``path`` (``opened``: its store and manifest, when already read)."""
         self.path = str(path)
         if opened is not None:
@@ -145,8 +153,9 @@ class CheckpointReader:
             reader.execute(plan, [torch.empty(4, 3)])
         """
         if len(dests) != len(plan.requests):
-            raise ShapeMismatchError(f"a load plan of {len(plan.requests)} requests needs as many destinations, "
-                                     f"got {len(dests)}")
+            raise ShapeMismatchError(
+                f"a load plan of {len(plan.requests)} requests needs as many destinations, got {len(dests)}"
+            )
         entries = [self.entry(r.logical) for r in plan.requests]
         for request, entry, dest in zip(plan.requests, entries, dests):
             _check_read(request.logical, entry, request.region, dest)
@@ -173,8 +182,10 @@ class CheckpointReader:
         checksums: what a peer holding the fragment's array serves regions of."""
         entry = self.entry(name)
         out = allocate(region_shape(frag.region), entry.dtype, what=repr(name))
-        if frag.pack_offset is not None or (frag.nbytes <= self.options.small_array_bytes
-                                            and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1):
+        if frag.pack_offset is not None or (
+            frag.nbytes <= self.options.small_array_bytes
+            and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
+        ):
             _assign(out, self._small_chunk(name, frag), entry.dtype)
         elif out.numel():
             self._read_straight(entry, frag, out)
@@ -188,8 +199,15 @@ class CheckpointReader:
             self._chunks.pop((frag.key, index), None)
 
     # -- execution -------------------------------------------------------------
-    def _copy(self, entry: TensorEntry, frag: Fragment, src_box: Box, span: FlatRange | None,
-              overlap: Box, target_view: torch.Tensor) -> None:
+    def _copy(
+        self,
+        entry: TensorEntry,
+        frag: Fragment,
+        src_box: Box,
+        span: FlatRange | None,
+        overlap: Box,
+        target_view: torch.Tensor,
+    ) -> None:
         if self._reads_whole_fragment(frag, src_box, span, overlap, target_view):
             self._read_straight(entry, frag, target_view)
             return
@@ -221,8 +239,9 @@ class CheckpointReader:
             view = np.lib.stride_tricks.as_strided(buf, shape, tuple(s * buf.itemsize for s in strides))
             _assign(target_view[r0 : r0 + nrows], view, entry.dtype)
 
-    def _reads_whole_fragment(self, frag: Fragment, src_box: Box, span: FlatRange | None, overlap: Box,
-                              target_view: torch.Tensor) -> bool:
+    def _reads_whole_fragment(
+        self, frag: Fragment, src_box: Box, span: FlatRange | None, overlap: Box, target_view: torch.Tensor
+    ) -> bool:
         """Whether the copy is a whole fragment into a contiguous CPU destination (read straight into it)."""
         if not (frag.pack_offset is None and overlap.ndim):
             return False
@@ -242,9 +261,16 @@ class CheckpointReader:
         dtype = storage_dtype(entry.dtype)
 
         def start(i: int) -> Any:
-            return self.storage.read_chunk_into(f"data/{frag.key}", shape, dtype, i, rows,
-                                                array[i * rows : (i + 1) * rows], what=what,
-                                                digest=_checksum.digest if self.verify else None)
+            return self.storage.read_chunk_into(
+                f"data/{frag.key}",
+                shape,
+                dtype,
+                i,
+                rows,
+                array[i * rows : (i + 1) * rows],
+                what=what,
+                digest=_checksum.digest if self.verify else None,
+            )
 
         # A bounded window of reads in flight: a fragment of a million chunks queues no more.
         count = chunk_count(shape, rows)
@@ -273,7 +299,8 @@ class CheckpointReader:
 
     def _chunk(self, name: str, frag: Fragment, index: int, *, prefetch_to: int) -> np.ndarray:
         if frag.pack_offset is not None or (
-            frag.nbytes <= self.options.small_array_bytes and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
+            frag.nbytes <= self.options.small_array_bytes
+            and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
         ):
             return self._small_chunk(name, frag)
         what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
@@ -303,8 +330,14 @@ class CheckpointReader:
         what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
         dtype = storage_dtype(self.manifest.tensors[name].dtype)
         if frag.pack_offset is not None:
-            value = self.storage.read_packed(f"data/{frag.key}", frag.pack_offset, region_shape(frag.region), dtype,
-                                             what=what, extent=self.pack_extent(frag))
+            value = self.storage.read_packed(
+                f"data/{frag.key}",
+                frag.pack_offset,
+                region_shape(frag.region),
+                dtype,
+                what=what,
+                extent=self.pack_extent(frag),
+            )
         else:
             value = self.storage.read_small(f"data/{frag.key}", region_shape(frag.region), dtype, what=what)
         if self.verify and _cache_key(frag, 0) not in self._verified:

@@ -95,8 +95,9 @@ def check_average(key: str, tspec: TensorSpec, world_size: int) -> None:
         )
 
 
-def check_spec_fit(tensors: dict[str, torch.Tensor], spec: FragmentMap | None, *, world_size: int,
-                   distributed: bool) -> None:
+def check_spec_fit(
+    tensors: dict[str, torch.Tensor], spec: FragmentMap | None, *, world_size: int, distributed: bool
+) -> None:
     """The fragment map is valid and fits every tensor it maps (DTensors map themselves)."""
     if spec is None:
         return

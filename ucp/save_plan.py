@@ -34,8 +34,17 @@ from ucp.zarr_array import chunk_count
 from ucp.stores import DEFAULT_OPTIONS, StoreOptions
 from ucp.write_units import write_plan
 
-__all__ = ["ClosePack", "SaveCursor", "SavePlan", "SaveRules", "WriteItem", "array_key", "close_pack",
-           "plan_save", "plan_tensor"]
+__all__ = [
+    "ClosePack",
+    "SaveCursor",
+    "SavePlan",
+    "SaveRules",
+    "WriteItem",
+    "array_key",
+    "close_pack",
+    "plan_save",
+    "plan_tensor",
+]
 
 _DIGEST = "0" * 16  # an xxh3_64 digest as the manifest writes it: 16 hex digits
 
@@ -64,8 +73,12 @@ class SaveRules:
     @classmethod
     def of(cls, options: StoreOptions, *, pack_max_bytes: int | None = None) -> "SaveRules":
         """The rules of ``options`` (``pack_max_bytes`` overrides the options' own, as the writer's argument does)."""
-        return cls(options.chunk_bytes, options.pack_max_bytes if pack_max_bytes is None else pack_max_bytes,
-                   options.pack_target_bytes, options.pack_align)
+        return cls(
+            options.chunk_bytes,
+            options.pack_max_bytes if pack_max_bytes is None else pack_max_bytes,
+            options.pack_target_bytes,
+            options.pack_align,
+        )
 
 
 @dataclass(frozen=True)
@@ -91,8 +104,9 @@ class WriteItem:
 
     def fragment(self, rank: int, checksums: tuple[str, ...] = ()) -> Fragment:
         """The manifest entry this write records (``checksums`` once known)."""
-        return Fragment(self.key, rank, self.target, self.nbytes, self.chunk_rows, tuple(checksums),
-                        pack_offset=self.pack_offset)
+        return Fragment(
+            self.key, rank, self.target, self.nbytes, self.chunk_rows, tuple(checksums), pack_offset=self.pack_offset
+        )
 
 
 @dataclass(frozen=True)
@@ -141,8 +155,13 @@ class SavePlan:
         return out
 
 
-def plan_tensor(cursor: SaveCursor, tensor: str, tspec: TensorSpec, logical: Mapping[str, LogicalTensor],
-                rules: SaveRules = SaveRules()) -> tuple[tuple[Step, ...], SaveCursor]:
+def plan_tensor(
+    cursor: SaveCursor,
+    tensor: str,
+    tspec: TensorSpec,
+    logical: Mapping[str, LogicalTensor],
+    rules: SaveRules = SaveRules(),
+) -> tuple[tuple[Step, ...], SaveCursor]:
     """The steps that save local tensor ``tensor`` (mapped by ``tspec``), and the cursor after them. Pure."""
     steps: list[Step] = []
     for index, piece in enumerate(tspec.pieces):
@@ -156,8 +175,12 @@ def plan_tensor(cursor: SaveCursor, tensor: str, tspec: TensorSpec, logical: Map
             item = WriteItem(tensor, index, lt.name, lt.dtype, local, target, "", nbytes, rows, chunks)
             if rules.pack_max_bytes and 0 < nbytes <= rules.pack_max_bytes and chunks == 1:
                 if cursor.pack_key is None:
-                    cursor = replace(cursor, pack_key=f"{cursor.key_prefix}r{cursor.rank}/pack-{cursor.counter:06d}",
-                                     counter=cursor.counter + 1, pack_len=0)
+                    cursor = replace(
+                        cursor,
+                        pack_key=f"{cursor.key_prefix}r{cursor.rank}/pack-{cursor.counter:06d}",
+                        counter=cursor.counter + 1,
+                        pack_len=0,
+                    )
                 assert cursor.pack_key is not None, "a pack is open"
                 steps.append(replace(item, key=cursor.pack_key, pack_offset=cursor.pack_len))
                 cursor = replace(cursor, pack_len=cursor.pack_len + nbytes + (-nbytes % rules.pack_align))
@@ -165,8 +188,9 @@ def plan_tensor(cursor: SaveCursor, tensor: str, tspec: TensorSpec, logical: Map
                     closed, cursor = close_pack(cursor)
                     steps += closed
             else:
-                steps.append(replace(item, key=array_key(cursor.rank, cursor.counter, lt.name,
-                                                         prefix=cursor.key_prefix)))
+                steps.append(
+                    replace(item, key=array_key(cursor.rank, cursor.counter, lt.name, prefix=cursor.key_prefix))
+                )
                 cursor = replace(cursor, counter=cursor.counter + 1)
     return tuple(steps), cursor
 

@@ -113,8 +113,10 @@ def _check_shard(shard: Any, ref: ShardRef) -> dict:
     if not isinstance(shard, dict):
         raise ManifestError(f"{where}: expected a JSON object at the top level")
     if shard.get("format_version") != SHARDED_FORMAT_VERSION or shard.get("ranks") != [ref.first, ref.stop]:
-        raise ManifestError(f"{where} does not describe ranks {ref.first}..{ref.stop - 1} of a format "
-                            f"{SHARDED_FORMAT_VERSION} checkpoint; the checkpoint is damaged")
+        raise ManifestError(
+            f"{where} does not describe ranks {ref.first}..{ref.stop - 1} of a format "
+            f"{SHARDED_FORMAT_VERSION} checkpoint; the checkpoint is damaged"
+        )
     tensors, states = shard.get("tensors"), shard.get("states")
     if not isinstance(tensors, dict) or not all(isinstance(v, list) for v in tensors.values()):
         raise ManifestError(f"{where}: field 'tensors' must map tensor names to lists of fragments")
@@ -124,16 +126,23 @@ def _check_shard(shard: Any, ref: ShardRef) -> dict:
         for frag in fragments:
             rank = frag.get("rank") if isinstance(frag, dict) else None
             if type(rank) is not int or not ref.first <= rank < ref.stop:
-                raise ManifestError(f"{where} holds a fragment of rank {rank!r}, outside its ranks "
-                                    f"{ref.first}..{ref.stop - 1}; the checkpoint is damaged")
+                raise ManifestError(
+                    f"{where} holds a fragment of rank {rank!r}, outside its ranks "
+                    f"{ref.first}..{ref.stop - 1}; the checkpoint is damaged"
+                )
     return shard
 
 
 class ShardedTensors(Mapping):
     """Logical tensor name -> :class:`~ucp.manifest.TensorEntry`, each built from its shards on first use."""
 
-    def __init__(self, index: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]], shards: ShardSource,
-                 parse_entry: Callable[[str, dict, str], Any], problems: list | None = None) -> None:
+    def __init__(
+        self,
+        index: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]],
+        shards: ShardSource,
+        parse_entry: Callable[[str, dict, str], Any],
+        problems: list | None = None,
+    ) -> None:
         self._index, self._shards, self._parse_entry = index, shards, parse_entry
         self._entries: dict[str, Any] = {}
         self._problems = problems
@@ -157,12 +166,15 @@ class ShardedTensors(Mapping):
                 shard = self._shards.get(index)
                 frags = shard["tensors"].get(name)
                 if frags is None:
-                    raise ManifestError(f"metadata shard {self._shards.shards[index].key} holds no fragments of "
-                                        f"tensor {name!r}, which the root says it does; the checkpoint is damaged")
+                    raise ManifestError(
+                        f"metadata shard {self._shards.shards[index].key} holds no fragments of "
+                        f"tensor {name!r}, which the root says it does; the checkpoint is damaged"
+                    )
                 fragments.extend(frags)
             source = ", ".join(self._shards.shards[i].key for i in holders) or "manifest.json"
             found = self._entries[name] = self._parse_entry(
-                name, {"dtype": dtype, "shape": list(shape), "fragments": fragments}, source)
+                name, {"dtype": dtype, "shape": list(shape), "fragments": fragments}, source
+            )
         return found
 
     def items(self):  # with problems: a damaged entry is recorded and skipped (ucp verify)
@@ -217,12 +229,15 @@ class ShardedStates(Mapping):
             if isinstance(tree, dict) and set(tree) == {"$same_as"}:
                 other = tree["$same_as"]
                 if type(other) is not int or not ref.first <= other < rank or str(other) not in states:
-                    raise ManifestError(f"metadata shard {ref.key}: states[{rank}] refers to {other!r}, which is not "
-                                        "a lower rank's tree in the shard; the checkpoint is damaged")
+                    raise ManifestError(
+                        f"metadata shard {ref.key}: states[{rank}] refers to {other!r}, which is not "
+                        "a lower rank's tree in the shard; the checkpoint is damaged"
+                    )
                 return self[other]
             if str(rank) not in states:
-                raise ManifestError(f"metadata shard {ref.key} has no state tree of rank {rank}; the checkpoint "
-                                    "is damaged")
+                raise ManifestError(
+                    f"metadata shard {ref.key} has no state tree of rank {rank}; the checkpoint is damaged"
+                )
             check_state_tree(tree, where=f"state tree of {self._checkpoint}" + (f" (rank {rank})" if rank else ""))
             self._trees[rank] = tree
         return self._trees[rank]
@@ -245,8 +260,9 @@ def parse_shard_refs(data: Any, source: str, world_size: int) -> list[ShardRef]:
     for i, item in enumerate(data):
         where = f"{source}: shards[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("ranks"), list) or len(item["ranks"]) != 2:
-            raise ManifestError(f"{where} must be an object with 'key', 'ranks' [first, stop], 'nbytes', "
-                                f"'{SHARD_DIGEST}'")
+            raise ManifestError(
+                f"{where} must be an object with 'key', 'ranks' [first, stop], 'nbytes', '{SHARD_DIGEST}'"
+            )
         key, digest = item.get("key"), item.get(SHARD_DIGEST)
         if not isinstance(key, str) or len(key) > 300 or not _KEY.fullmatch(key) or ".." in key.split("/"):
             raise ManifestError(f"{where}: field 'key' must be a relative path to a .json file, got {key!r:.80}")
@@ -255,10 +271,19 @@ def parse_shard_refs(data: Any, source: str, world_size: int) -> list[ShardRef]:
         first = checked_int(item["ranks"][0], f"{where}: ranks[0]")
         stop = checked_int(item["ranks"][1], f"{where}: ranks[1]", high=world_size)
         if first != expected or stop <= first:
-            raise ManifestError(f"{where} covers ranks {first}..{stop - 1}; shards must cover ranks "
-                                f"0..{world_size - 1} in order, from rank {expected}")
-        refs.append(ShardRef(key, first, stop, checked_int(item.get("nbytes"), f"{where}: field 'nbytes'",
-                                                    high=MAX_SHARD_BYTES), digest))
+            raise ManifestError(
+                f"{where} covers ranks {first}..{stop - 1}; shards must cover ranks "
+                f"0..{world_size - 1} in order, from rank {expected}"
+            )
+        refs.append(
+            ShardRef(
+                key,
+                first,
+                stop,
+                checked_int(item.get("nbytes"), f"{where}: field 'nbytes'", high=MAX_SHARD_BYTES),
+                digest,
+            )
+        )
         expected = stop
     if expected != world_size:
         raise ManifestError(f"{source}: shards cover ranks 0..{expected - 1} of world_size {world_size}")

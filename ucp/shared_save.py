@@ -23,8 +23,9 @@ from ucp.writer import SaveResult
 __all__ = ["finalize", "record_failure"]
 
 
-def record_failure(path: str, *, rank: int, world_size: int, error: BaseException,
-                   storage_options: dict | None = None) -> None:
+def record_failure(
+    path: str, *, rank: int, world_size: int, error: BaseException, storage_options: dict | None = None
+) -> None:
     """Leave a part that says why rank ``rank`` failed, so :func:`finalize` reports the cause (no process group)."""
     part = new_part(rank=rank, world_size=world_size, checksum_algorithm=None)
     part["error"] = f"{type(error).__name__}: {error}"
@@ -45,12 +46,14 @@ def finalize(path: str, *, world_size: int, storage_options: dict | None = None)
         # then, once:     ucp.finalize("ckpt/5", world_size=4)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise InvalidArgumentError(f"world_size must be a positive integer (the number of ranks that saved), "
-                                   f"got {world_size!r}")
+        raise InvalidArgumentError(
+            f"world_size must be a positive integer (the number of ranks that saved), got {world_size!r}"
+        )
     target = open_target(path, token=SHARED_TOKEN, storage_options=storage_options)
     parts = read_parts(target, world_size)
     target.overwrite = all(part["overwrite"] for part in parts)  # as the ranks were told
     manifest = merge_parts(parts, created=utc_now())
     commit(target, manifest)
-    return SaveResult(str(path), 0, world_size, True, sum(len(t.fragments) for t in manifest.tensors.values()),
-                      0, manifest)
+    return SaveResult(
+        str(path), 0, world_size, True, sum(len(t.fragments) for t in manifest.tensors.values()), 0, manifest
+    )

@@ -154,9 +154,13 @@ class FragmentMap:
                 key: {
                     "shape": list(local[key].shape) if key in local else None,
                     "dtype": local[key].dtype if key in local else None,
-                    "replica": spec.replica, "replicas": spec.replicas, "policy": spec.policy,
-                    "pieces": [{"logical": p.logical, "local": region_to_dict(p.local),
-                                "target": region_to_dict(p.target)} for p in spec.pieces],
+                    "replica": spec.replica,
+                    "replicas": spec.replicas,
+                    "policy": spec.policy,
+                    "pieces": [
+                        {"logical": p.logical, "local": region_to_dict(p.local), "target": region_to_dict(p.target)}
+                        for p in spec.pieces
+                    ],
                 }
                 for key, spec in self.tensors.items()
             },
@@ -166,14 +170,22 @@ class FragmentMap:
     def from_dict(cls, data: Any) -> "FragmentMap":
         """A map from :meth:`to_dict`'s data; raises LayoutError naming the bad field."""
         try:
-            logical = {str(n): LogicalTensor(str(n), _ints(t["shape"]), _word(t["dtype"]))
-                       for n, t in data["logical"].items()}
+            logical = {
+                str(n): LogicalTensor(str(n), _ints(t["shape"]), _word(t["dtype"])) for n, t in data["logical"].items()
+            }
             tensors, local = {}, {}
             for key, t in data["tensors"].items():
-                pieces = tuple(ShardPiece(str(p["logical"]), region_from_dict(p["local"]), region_from_dict(p["target"]))
-                               for p in t["pieces"])
-                tensors[key] = TensorSpec(str(key), pieces, _int(t.get("replica", 0)), _int(t.get("replicas", 1)),
-                                          str(t.get("policy", "check-equal")))
+                pieces = tuple(
+                    ShardPiece(str(p["logical"]), region_from_dict(p["local"]), region_from_dict(p["target"]))
+                    for p in t["pieces"]
+                )
+                tensors[key] = TensorSpec(
+                    str(key),
+                    pieces,
+                    _int(t.get("replica", 0)),
+                    _int(t.get("replicas", 1)),
+                    str(t.get("policy", "check-equal")),
+                )
                 if t.get("shape") is not None:
                     local[key] = LocalTensor(str(key), _ints(t["shape"]), _word(t.get("dtype")))
             fmap = cls(rank=_int(data["rank"]), logical=logical, tensors=tensors, local=local)

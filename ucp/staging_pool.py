@@ -82,7 +82,9 @@ class StagingPool:
 
     def __init__(self, *, budget_bytes: int = DEFAULT_BUDGET_BYTES, pin_memory: bool | None = None) -> None:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < ALIGN:
-            raise InvalidArgumentError(f"staging budget must be an integer of at least {ALIGN} bytes, got {budget_bytes!r}")
+            raise InvalidArgumentError(
+                f"staging budget must be an integer of at least {ALIGN} bytes, got {budget_bytes!r}"
+            )
         self.budget_bytes = budget_bytes
         # Pinned host memory makes device->host copies faster; only possible with CUDA.
         self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -167,8 +169,10 @@ class StagingPool:
             assert arena is not None, "the arena exists while there is space in it"
         # Copy outside the lock: the writer may release other blocks meanwhile.
         raw = arena[start : start + tensor.numel() * tensor.element_size()]
-        view = raw.view(tensor.dtype).view(tensor.shape) if tensor.numel() else torch.empty(
-            tensor.shape, dtype=tensor.dtype
+        view = (
+            raw.view(tensor.dtype).view(tensor.shape)
+            if tensor.numel()
+            else torch.empty(tensor.shape, dtype=tensor.dtype)
         )
         # A blocking copy: the writer may read the block as soon as it is handed over.
         _copy(view, tensor.detach())

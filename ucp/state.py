@@ -57,8 +57,14 @@ def _tie_id(tensor: torch.Tensor) -> tuple | None:
         tensor = tensor.to_local()  # type: ignore[attr-defined]  # a DTensor, told by name (no torch.distributed import)
     if not tensor.numel() or tensor.layout != torch.strided or tensor.is_nested or tensor.device.type == "meta":
         return None  # no memory to share (refused later, with its own message, if it is saved)
-    return (tensor.device.type, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+    return (
+        tensor.device.type,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
 
 
 def _show(path: tuple[str, ...]) -> str:
@@ -66,8 +72,9 @@ def _show(path: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def flatten_state(state: Any, *, allow_objects: Any = False,
-                  tie_group: Callable[[str], Hashable] | None = None) -> FlatState:
+def flatten_state(
+    state: Any, *, allow_objects: Any = False, tie_group: Callable[[str], Hashable] | None = None
+) -> FlatState:
     """Split ``state`` into a JSON tree and ``{key: tensor}`` (see module doc).
 
     ``allow_objects`` (True, or an allow-list as on load) pickles values that are not JSON;
@@ -121,7 +128,9 @@ def _flatten(state: Any, *, objects: str, tie_group: Callable[[str], Hashable] |
             items = []
             for k, v in value.items():
                 if not (k is None or isinstance(k, (str, int, float, bool))):
-                    raise UnsafeObjectError(f"dict key {k!r} at {key or '<root>'!r} is not a str, int, float, bool or None")
+                    raise UnsafeObjectError(
+                        f"dict key {k!r} at {key or '<root>'!r} is not a str, int, float, bool or None"
+                    )
                 items.append([k, walk(v, path + (str(k),))])
             return {"$dict": items}
         if isinstance(value, list):
@@ -209,12 +218,14 @@ def unflatten_state(
             return tuple(v for v in (walk(v, path + (str(i),)) for i, v in enumerate(body)) if keep(v))
         if tag == "$float":
             if body not in _NON_FINITE:
-                raise bad(path, f"bad {node!r} {{at}}: expected \"nan\", \"inf\" or \"-inf\"")
+                raise bad(path, f'bad {node!r} {{at}}: expected "nan", "inf" or "-inf"')
             return _NON_FINITE[body]
         if tag == "$dict":
             if not isinstance(body, list) or not all(
-                isinstance(item, list) and len(item) == 2
-                and (item[0] is None or isinstance(item[0], (str, int, float, bool))) for item in body
+                isinstance(item, list)
+                and len(item) == 2
+                and (item[0] is None or isinstance(item[0], (str, int, float, bool)))
+                for item in body
             ):
                 raise bad(path, "bad $dict {at}: expected a list of [key, value] pairs")
             out = {}
@@ -276,8 +287,11 @@ def assemble_state(tree: Any, tensors: dict[str, Any], *, whole: bool, allow_obj
             return tensors[pick]
         return missing
 
-    state = {} if tree is None else unflatten_state(tree, resolve, allow_objects=allow_objects, missing=missing,
-                                                    source=source)
+    state = (
+        {}
+        if tree is None
+        else unflatten_state(tree, resolve, allow_objects=allow_objects, missing=missing, source=source)
+    )
     unplaced = [key for key in tensors if key not in placed]
     if unplaced and not isinstance(state, dict):
         shown = ", ".join(map(repr, unplaced[:5])) + (" ..." if len(unplaced) > 5 else "")

@@ -78,8 +78,10 @@ def _raise_first_problem(tree: Any, where: str) -> None:
     while stack:
         node, depth, trail = stack.pop()
         if depth > MAX_STATE_DEPTH:
-            raise ManifestError(f"{where}: nested deeper than {MAX_STATE_DEPTH} levels at {_show(trail)}; "
-                                "flatten that part of the state")
+            raise ManifestError(
+                f"{where}: nested deeper than {MAX_STATE_DEPTH} levels at {_show(trail)}; "
+                "flatten that part of the state"
+            )
         if isinstance(node, list):
             items: Iterable[tuple[Any, Any]] = enumerate(node)
         elif isinstance(node, dict):
@@ -100,13 +102,18 @@ def _tag_children(tag: str, body: Any, trail: Any, where: str) -> list[tuple[Any
     if wanted is None:
         raise ManifestError(f"{where}: unknown tag {_short(tag)} {at} (a newer format?)")
     if tag == "$float" and body not in _NON_FINITE:
-        raise ManifestError(f"{where}: bad {_short({tag: body})} {at}: expected \"nan\", \"inf\" or \"-inf\"")
-    if tag == "$dict" and not (isinstance(body, list) and all(
-            isinstance(item, list) and len(item) == 2 and isinstance(item[0], _KEY_TYPES) for item in body)):
+        raise ManifestError(f'{where}: bad {_short({tag: body})} {at}: expected "nan", "inf" or "-inf"')
+    if tag == "$dict" and not (
+        isinstance(body, list)
+        and all(isinstance(item, list) and len(item) == 2 and isinstance(item[0], _KEY_TYPES) for item in body)
+    ):
         raise ManifestError(f"{where}: bad $dict {at}: expected a list of [key, value] pairs")
     if not isinstance(body, wanted):
-        expected = {"$tensor": "expected a tensor key (a string)", "$tuple": "expected a list",
-                    "$object": "not base64 of a pickle"}[tag]
+        expected = {
+            "$tensor": "expected a tensor key (a string)",
+            "$tuple": "expected a list",
+            "$object": "not base64 of a pickle",
+        }[tag]
         raise ManifestError(f"{where}: bad {tag} {at}: {expected}")
     if tag == "$tuple":
         return list(enumerate(body))

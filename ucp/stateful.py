@@ -83,8 +83,8 @@ class LoadTargets:
                     into.append(value)
                 else:
                     self._merge_at(into, i, into[i], value)
-            if not any(isinstance(v, torch.Tensor) or is_stateful(v) for v in into[len(loaded):]):
-                del into[len(loaded):]
+            if not any(isinstance(v, torch.Tensor) or is_stateful(v) for v in into[len(loaded) :]):
+                del into[len(loaded) :]
 
     def _merge_at(self, into: Any, key: Any, current: Any, value: Any) -> None:
         if is_stateful(current) or (isinstance(current, (dict, list)) and isinstance(value, type(current))):
@@ -153,8 +153,11 @@ def skeleton(tree: Any, depth: int = 0) -> Any:
         return tree
     body = tree.get("$dict") if len(tree) == 1 else None
     if isinstance(body, list):
-        return {item[0]: skeleton(item[1], depth + 1) for item in body
-                if isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int, float, bool, type(None)))}
+        return {
+            item[0]: skeleton(item[1], depth + 1)
+            for item in body
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int, float, bool, type(None)))
+        }
     if len(tree) == 1 and isinstance(tree.get("$tuple"), list):
         return [skeleton(v, depth + 1) for v in tree["$tuple"]]
     return {k: skeleton(v, depth + 1) for k, v in tree.items()}

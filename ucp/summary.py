@@ -1,11 +1,11 @@
 """A short description of a checkpoint, for ``ucp inspect`` and for people.
 
-    >>> import torch, ucp, tempfile, os
-    >>> d = os.path.join(tempfile.mkdtemp(), "c")
-    >>> _ = ucp.save({"w": torch.ones(3), "step": 12}, d)
-    >>> s = ucp.describe(d)
-    >>> s.step, s.tensors[0].name, s.total_bytes
-    (12, 'w', 12)
+>>> import torch, ucp, tempfile, os
+>>> d = os.path.join(tempfile.mkdtemp(), "c")
+>>> _ = ucp.save({"w": torch.ones(3), "step": 12}, d)
+>>> s = ucp.describe(d)
+>>> s.step, s.tensors[0].name, s.total_bytes
+(12, 'w', 12)
 """
 
 from __future__ import annotations

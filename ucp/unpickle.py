@@ -46,51 +46,204 @@ from ucp.errors import FormatError, UcpError, UnsafePickleError
 __all__ = ["InertObject", "RestrictedUnpickler", "loads", "load", "torch_load", "pickle_module", "SAFE_GLOBALS"]
 
 # Resolved for real: constructing these runs no code from the file.
-SAFE_GLOBALS = frozenset({
-    "builtins.set", "builtins.frozenset", "builtins.slice", "builtins.complex", "builtins.bytearray",
-    "builtins.bytes", "builtins.range", "builtins.list", "builtins.dict", "builtins.tuple", "builtins.int",
-    "builtins.float", "builtins.str", "builtins.bool", "builtins.object",
-    "collections.OrderedDict", "collections.defaultdict", "collections.Counter", "collections.deque",
-    "copyreg._reconstructor", "_codecs.encode",
-    "argparse.Namespace",
-    "datetime.datetime", "datetime.date", "datetime.time", "datetime.timedelta", "datetime.timezone",
-    "decimal.Decimal", "fractions.Fraction", "uuid.UUID",
-    "pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePath", "pathlib.PurePosixPath",
-    "pathlib.PureWindowsPath",
-    "torch.Size", "torch.device", "torch.dtype", "torch.Tensor", "torch.nn.parameter.Parameter",
-    "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-    "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
-    "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_device_tensor_from_numpy",
-    "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
-    "numpy.ndarray", "numpy.dtype",
-    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
-    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
-    "numpy.random._pickle.__randomstate_ctor", "numpy.random._pickle.__bit_generator_ctor",
-    "numpy.random._pickle.__generator_ctor", "numpy.random.mtrand.RandomState",
-})
+SAFE_GLOBALS = frozenset(
+    {
+        "builtins.set",
+        "builtins.frozenset",
+        "builtins.slice",
+        "builtins.complex",
+        "builtins.bytearray",
+        "builtins.bytes",
+        "builtins.range",
+        "builtins.list",
+        "builtins.dict",
+        "builtins.tuple",
+        "builtins.int",
+        "builtins.float",
+        "builtins.str",
+        "builtins.bool",
+        "builtins.object",
+        "collections.OrderedDict",
+        "collections.defaultdict",
+        "collections.Counter",
+        "collections.deque",
+        "copyreg._reconstructor",
+        "_codecs.encode",
+        "argparse.Namespace",
+        "datetime.datetime",
+        "datetime.date",
+        "datetime.time",
+        "datetime.timedelta",
+        "datetime.timezone",
+        "decimal.Decimal",
+        "fractions.Fraction",
+        "uuid.UUID",
+        "pathlib.Path",
+        "pathlib.PosixPath",
+        "pathlib.WindowsPath",
+        "pathlib.PurePath",
+        "pathlib.PurePosixPath",
+        "pathlib.PureWindowsPath",
+        "torch.Size",
+        "torch.device",
+        "torch.dtype",
+        "torch.Tensor",
+        "torch.nn.parameter.Parameter",
+        "torch._utils._rebuild_tensor",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_parameter",
+        "torch._utils._rebuild_parameter_with_state",
+        "torch._utils._rebuild_meta_tensor_no_storage",
+        "torch._utils._rebuild_device_tensor_from_numpy",
+        "torch.storage.UntypedStorage",
+        "torch.storage.TypedStorage",
+        "numpy.ndarray",
+        "numpy.dtype",
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar",
+        "numpy._core.multiarray.scalar",
+        "numpy.random._pickle.__randomstate_ctor",
+        "numpy.random._pickle.__bit_generator_ctor",
+        "numpy.random._pickle.__generator_ctor",
+        "numpy.random.mtrand.RandomState",
+    }
+)
 
 # Modules whose globals a checkpoint has no business naming: a pickle that does is refused,
 # whatever ``unknown`` says (unless the caller allows that exact name).
-_DENIED_MODULES = frozenset({
-    "os", "posix", "nt", "posixpath", "ntpath", "subprocess", "sys", "builtins", "__builtin__", "importlib",
-    "runpy", "code", "codeop", "shutil", "socket", "pickle", "_pickle", "marshal", "ctypes", "pty", "signal",
-    "multiprocessing", "webbrowser", "types", "functools", "operator", "io", "_io", "tempfile", "pdb", "timeit",
-    "trace", "cProfile", "profile", "gc", "inspect", "ast", "asyncio", "threading", "_thread", "select",
-    "sysconfig", "site", "urllib", "http", "ftplib", "smtplib", "telnetlib", "requests", "copyreg", "glob",
-    "torch", "numpy", "zipimport", "pkgutil", "platform", "ensurepip", "venv", "distutils", "setuptools", "pip",
-})
-_DENIED_NAMES = frozenset({
-    "system", "popen", "exec", "eval", "execfile", "compile", "__import__", "getattr", "setattr", "delattr",
-    "open", "input", "spawn", "spawnv", "spawnl", "call", "check_call", "check_output", "run", "Popen",
-    "load", "loads", "import_module",
-})
+_DENIED_MODULES = frozenset(
+    {
+        "os",
+        "posix",
+        "nt",
+        "posixpath",
+        "ntpath",
+        "subprocess",
+        "sys",
+        "builtins",
+        "__builtin__",
+        "importlib",
+        "runpy",
+        "code",
+        "codeop",
+        "shutil",
+        "socket",
+        "pickle",
+        "_pickle",
+        "marshal",
+        "ctypes",
+        "pty",
+        "signal",
+        "multiprocessing",
+        "webbrowser",
+        "types",
+        "functools",
+        "operator",
+        "io",
+        "_io",
+        "tempfile",
+        "pdb",
+        "timeit",
+        "trace",
+        "cProfile",
+        "profile",
+        "gc",
+        "inspect",
+        "ast",
+        "asyncio",
+        "threading",
+        "_thread",
+        "select",
+        "sysconfig",
+        "site",
+        "urllib",
+        "http",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+        "requests",
+        "copyreg",
+        "glob",
+        "torch",
+        "numpy",
+        "zipimport",
+        "pkgutil",
+        "platform",
+        "ensurepip",
+        "venv",
+        "distutils",
+        "setuptools",
+        "pip",
+    }
+)
+_DENIED_NAMES = frozenset(
+    {
+        "system",
+        "popen",
+        "exec",
+        "eval",
+        "execfile",
+        "compile",
+        "__import__",
+        "getattr",
+        "setattr",
+        "delattr",
+        "open",
+        "input",
+        "spawn",
+        "spawnv",
+        "spawnl",
+        "call",
+        "check_call",
+        "check_output",
+        "run",
+        "Popen",
+        "load",
+        "loads",
+        "import_module",
+    }
+)
 # torch's dtypes are pickled as ``torch.float32`` and friends.
-_TORCH_DTYPES = frozenset({
-    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex32", "complex64",
-    "complex128", "cfloat", "cdouble", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "short", "int32",
-    "int", "int64", "long", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "strided", "sparse_coo", "contiguous_format", "preserve_format", "channels_last",
-})
+_TORCH_DTYPES = frozenset(
+    {
+        "float32",
+        "float",
+        "float64",
+        "double",
+        "float16",
+        "half",
+        "bfloat16",
+        "complex32",
+        "complex64",
+        "complex128",
+        "cfloat",
+        "cdouble",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "int8",
+        "int16",
+        "short",
+        "int32",
+        "int",
+        "int64",
+        "long",
+        "bool",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "strided",
+        "sparse_coo",
+        "contiguous_format",
+        "preserve_format",
+        "channels_last",
+    }
+)
 
 
 class InertObject:
@@ -142,9 +295,14 @@ def _stand_in(module: str, name: str) -> type:
     key = (module, name)
     cls = _STAND_INS.get(key)
     if cls is None:
-        cls = type(name.rpartition(".")[2] or "Foreign", (InertObject,), {
-            "origin": f"{module}.{name}", "__module__": "ucp.unpickle.foreign",
-        })
+        cls = type(
+            name.rpartition(".")[2] or "Foreign",
+            (InertObject,),
+            {
+                "origin": f"{module}.{name}",
+                "__module__": "ucp.unpickle.foreign",
+            },
+        )
         _STAND_INS[key] = cls
     return cls
 
@@ -156,13 +314,36 @@ ALLOC_PER_BYTE = 16
 ALLOC_FLOOR = 1 << 20
 # How a call to each allocating global is charged (see _Bounded): by its integer arguments
 # (a size), by the length of its first argument (a container built from it), or by both.
-_BY_SIZE = frozenset({"builtins.bytearray", "builtins.bytes", "torch.storage.UntypedStorage",
-                      "torch.storage.TypedStorage", "torch.Tensor", "numpy.ndarray",
-                      "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"})
-_BY_LENGTH = frozenset({"builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset", "builtins.dict",
-                        "builtins.str", "builtins.bytearray", "builtins.bytes", "collections.OrderedDict",
-                        "collections.defaultdict", "collections.Counter", "collections.deque", "torch.Size",
-                        "_codecs.encode"})
+_BY_SIZE = frozenset(
+    {
+        "builtins.bytearray",
+        "builtins.bytes",
+        "torch.storage.UntypedStorage",
+        "torch.storage.TypedStorage",
+        "torch.Tensor",
+        "numpy.ndarray",
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+    }
+)
+_BY_LENGTH = frozenset(
+    {
+        "builtins.list",
+        "builtins.tuple",
+        "builtins.set",
+        "builtins.frozenset",
+        "builtins.dict",
+        "builtins.str",
+        "builtins.bytearray",
+        "builtins.bytes",
+        "collections.OrderedDict",
+        "collections.defaultdict",
+        "collections.Counter",
+        "collections.deque",
+        "torch.Size",
+        "_codecs.encode",
+    }
+)
 
 
 class _Bounded:
@@ -218,8 +399,7 @@ def _fraction(*args: Any) -> Any:
         if isinstance(arg, str) and ("e" in arg.lower() or len(arg) > 4300):
             raise FormatError(f"the pickle builds Fraction({arg[:40]!r}), which pickled fractions never are")
         if isinstance(arg, (float, decimal.Decimal)):
-            raise FormatError("the pickle builds a Fraction from a float or Decimal, which pickled fractions "
-                              "never do")
+            raise FormatError("the pickle builds a Fraction from a float or Decimal, which pickled fractions never do")
     return fractions.Fraction(*args)
 
 
@@ -248,8 +428,16 @@ class RestrictedUnpickler(pickle.Unpickler):
     themselves; ``unknown``: ``"refuse"`` or ``"stand-in"`` for globals neither allowed nor denied.
     """
 
-    def __init__(self, file: BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "refuse", source: str = "",
-                 budget: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        file: BinaryIO,
+        *,
+        allow: Iterable[Any] = (),
+        unknown: str = "refuse",
+        source: str = "",
+        budget: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(file, **kwargs)
         if unknown not in ("refuse", "stand-in"):
             raise ValueError(f"unknown must be 'refuse' or 'stand-in', got {unknown!r}")
@@ -264,9 +452,11 @@ class RestrictedUnpickler(pickle.Unpickler):
     def _charge(self, full: str, cost: int) -> None:
         self._spent += cost
         if self._spent > self._budget:
-            raise FormatError(f"{self._source}: the pickle asks {full} for about {cost} bytes, more than a file "
-                              f"of its size can describe (budget {self._budget} bytes); refused before allocating "
-                              "(damaged or hostile file)")
+            raise FormatError(
+                f"{self._source}: the pickle asks {full} for about {cost} bytes, more than a file "
+                f"of its size can describe (budget {self._budget} bytes); refused before allocating "
+                "(damaged or hostile file)"
+            )
 
     def load(self) -> Any:
         """Unpickle; anything but a refusal of ours is a :class:`~ucp.errors.FormatError` naming the source."""
@@ -275,8 +465,9 @@ class RestrictedUnpickler(pickle.Unpickler):
         except (UcpError, KeyboardInterrupt):
             raise
         except (Exception, RecursionError, MemoryError) as err:  # noqa: BLE001 - a hostile file can raise anything
-            raise FormatError(f"{self._source} is not a readable torch.save/pickle file ({type(err).__name__}: "
-                              f"{str(err)[:200]})") from None
+            raise FormatError(
+                f"{self._source} is not a readable torch.save/pickle file ({type(err).__name__}: {str(err)[:200]})"
+            ) from None
 
     def find_class(self, module: str, name: str) -> Any:
         # Python 2 names (protocol < 3 pickles, torch.save's default) mean their Python 3 ones.
@@ -299,22 +490,23 @@ class RestrictedUnpickler(pickle.Unpickler):
                     raise
                 # numpy 1 vs 2 module names
                 value = _resolve(module.replace("numpy._core", "numpy.core").replace("numpy.core", "numpy._core"), name)
-            if full in _BY_SIZE or full in _BY_LENGTH or full == "copyreg._reconstructor" or (
-                    module == "torch" and name.endswith("Storage")):
+            if (
+                full in _BY_SIZE
+                or full in _BY_LENGTH
+                or full == "copyreg._reconstructor"
+                or (module == "torch" and name.endswith("Storage"))
+            ):
                 return _Bounded(value, full, self)
             return value
         root = module.partition(".")[0]
         if root in _DENIED_MODULES or name.rpartition(".")[2] in _DENIED_NAMES or name.startswith("__"):
-            raise UnsafePickleError(
-                f"the pickle calls {full}, which can run code; refused (nothing was executed)"
-            )
+            raise UnsafePickleError(f"the pickle calls {full}, which can run code; refused (nothing was executed)")
         if self._unknown == "stand-in":
             return _stand_in(module, name)
         raise UnsafePickleError(
             f"the pickle needs {full}, which is not on the allow-list of plain data types; if you trust this "
             f"file, allow it explicitly (allow_objects=[{full!r}])"
         )
-
 
 
 def _size_of(file: Any) -> int:
@@ -377,8 +569,14 @@ def pickle_module(*, allow: Iterable[Any] = (), unknown: str = "stand-in", sourc
     )
 
 
-def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (), unknown: str = "stand-in",
-               map_location: Any = "cpu", mmap: bool = False) -> Any:
+def torch_load(
+    source: str | os.PathLike | BinaryIO,
+    *,
+    allow: Iterable[Any] = (),
+    unknown: str = "stand-in",
+    map_location: Any = "cpu",
+    mmap: bool = False,
+) -> Any:
     """``torch.load`` through the restricted unpickler: a ``.pt`` file of a foreign framework, safely.
 
     Foreign classes become :class:`InertObject` stand-ins by default (``unknown="stand-in"``);
@@ -394,8 +592,11 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (
     import torch
 
     where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
-    options: dict[str, Any] = {"map_location": map_location, "weights_only": False,
-                               "pickle_module": pickle_module(allow=allow, unknown=unknown, source=where)}
+    options: dict[str, Any] = {
+        "map_location": map_location,
+        "weights_only": False,
+        "pickle_module": pickle_module(allow=allow, unknown=unknown, source=where),
+    }
     if mmap:
         options["mmap"] = True
     try:
@@ -404,5 +605,7 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, allow: Iterable[Any] = (
         raise
     except Exception as err:  # noqa: BLE001 - torch.load on damaged or hostile bytes raises anything
         where = where or "the file"
-        raise FormatError(f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise FormatError(
+            f"{where} is not a readable torch.save/pickle file ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})"
+        ) from None

@@ -68,8 +68,9 @@ class VerifyReport:
         return asdict(self)
 
 
-def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
-           progress: Callable[[int], None] | None = None) -> VerifyReport:
+def verify(
+    path: str | os.PathLike, *, storage_options: dict | None = None, progress: Callable[[int], None] | None = None
+) -> VerifyReport:
     """Check everything ``ucp.load`` relies on; ``progress(nbytes)`` is called per fragment."""
     path = os.fspath(path)
     storage = find_manifest(path, storage_options=storage_options)
@@ -98,8 +99,10 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
                 fragments += 1
                 where = storage.display("data", frag.key)
                 if frag.pack_offset is None or frag.key not in packs:
-                    problems.extend(Problem(name, where, kind, message)
-                                    for kind, message in _array_problems(storage, reader, entry, frag))
+                    problems.extend(
+                        Problem(name, where, kind, message)
+                        for kind, message in _array_problems(storage, reader, entry, frag)
+                    )
                     if frag.pack_offset is not None:
                         packs.add(frag.key)
                 try:
@@ -108,8 +111,14 @@ def verify(path: str | os.PathLike, *, storage_options: dict | None = None,
                 except UcpError as err:
                     problems.append(Problem(name, where, type(err).__name__, str(err)))
                 except OSError as err:  # unreadable: permissions, a link loop, an I/O error
-                    problems.append(Problem(name, where, type(err).__name__, f"tensor {name!r} (fragment "
-                                            f"{frag.key!r} of rank {frag.rank}): cannot read it: {err}"))
+                    problems.append(
+                        Problem(
+                            name,
+                            where,
+                            type(err).__name__,
+                            f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank}): cannot read it: {err}",
+                        )
+                    )
                 if progress is not None:
                     progress(frag.nbytes)
     finally:
@@ -134,26 +143,43 @@ def _program_problems(manifest: Manifest, manifest_file: str) -> list[Problem]:
     try:
         load_program(manifest.program)
     except UcpError as err:
-        return [Problem("program", manifest_file, type(err).__name__,
-                        f"{manifest_file}: the recorded UCL program cannot be used to load under another layout: {err}")]
+        return [
+            Problem(
+                "program",
+                manifest_file,
+                type(err).__name__,
+                f"{manifest_file}: the recorded UCL program cannot be used to load under another layout: {err}",
+            )
+        ]
     return []
 
 
-def _array_problems(storage: Store, reader: CheckpointReader, entry: TensorEntry,
-                    frag: Fragment) -> list[tuple[str, str]]:
+def _array_problems(
+    storage: Store, reader: CheckpointReader, entry: TensorEntry, frag: Fragment
+) -> list[tuple[str, str]]:
     """``(kind, message)`` for each way the fragment's ``zarr.json`` fails the manifest."""
     rel = f"data/{frag.key}/zarr.json"
     what = f"tensor {entry.name!r} (fragment {frag.key!r} of rank {frag.rank})"
     try:
         meta = parse_metadata(storage.read_file(rel, limit=ZARR_JSON_LIMIT, allowed="a zarr.json may hold"))
     except FileNotFoundError:
-        return [("IncompleteCheckpointError", f"{what}: {storage.display(rel)} is missing; a zarr reader cannot "
-                                              "open the array - restore it from a replica or load an older checkpoint")]
+        return [
+            (
+                "IncompleteCheckpointError",
+                f"{what}: {storage.display(rel)} is missing; a zarr reader cannot "
+                "open the array - restore it from a replica or load an older checkpoint",
+            )
+        ]
     except (UcpError, OSError) as err:
         return [(type(err).__name__, f"{what}: {storage.display(rel)}: {err}")]
     except ValueError as err:
-        return [("FormatError", f"{what}: {storage.display(rel)}: {err}; a zarr reader cannot open the array - "
-                                "the checkpoint is damaged")]
+        return [
+            (
+                "FormatError",
+                f"{what}: {storage.display(rel)}: {err}; a zarr reader cannot open the array - "
+                "the checkpoint is damaged",
+            )
+        ]
     problems = []
     if frag.pack_offset is not None:
         extent = reader.pack_extent(frag)
@@ -165,9 +191,13 @@ def _array_problems(storage: Store, reader: CheckpointReader, entry: TensorEntry
     else:
         shape, data_type, rows = region_shape(frag.region), storage_dtype(entry.dtype), frag.chunk_rows
     return problems + [
-        ("FormatError", f"{what}: {storage.display(rel)}: {problem}; a zarr reader would not read the bytes the "
-                        "manifest points at - the checkpoint is damaged")
-        for problem in metadata_problems(meta, shape=shape, data_type=data_type, chunk_rows=rows)]
+        (
+            "FormatError",
+            f"{what}: {storage.display(rel)}: {problem}; a zarr reader would not read the bytes the "
+            "manifest points at - the checkpoint is damaged",
+        )
+        for problem in metadata_problems(meta, shape=shape, data_type=data_type, chunk_rows=rows)
+    ]
 
 
 def _pack_size_problems(storage: Store, frag: Fragment, what: str, length: int) -> list[tuple[str, str]]:
@@ -179,6 +209,11 @@ def _pack_size_problems(storage: Store, frag: Fragment, what: str, length: int) 
         return []  # reading the fragment reports it
     if size == length:
         return []
-    return [("TruncatedDataError", f"{what}: {storage.display(rel)} holds {size} bytes but its zarr.json says "
-                                   f"{length}; the file is damaged - restore it from a replica or load an older "
-                                   "checkpoint")]
+    return [
+        (
+            "TruncatedDataError",
+            f"{what}: {storage.display(rel)} holds {size} bytes but its zarr.json says "
+            f"{length}; the file is damaged - restore it from a replica or load an older "
+            "checkpoint",
+        )
+    ]

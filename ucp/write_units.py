@@ -47,7 +47,9 @@ def write_plan(piece: ShardPiece, nbytes: int, tspec: TensorSpec) -> list[tuple[
         [Box(offsets=(512, 0), sizes=(512, 8192)), Box(offsets=(0, 0), sizes=(512, 8192))]
     """
     flat_local = isinstance(piece.local, FlatRange)
-    whole_local: Region = FlatRange(0, piece.local.numel) if isinstance(piece.local, FlatRange) else Box.full(piece.local.sizes)
+    whole_local: Region = (
+        FlatRange(0, piece.local.numel) if isinstance(piece.local, FlatRange) else Box.full(piece.local.sizes)
+    )
     if tspec.replicas == 1:
         return [(whole_local, piece.target)]
     if tspec.policy == "take-first":
@@ -93,4 +95,6 @@ def average_replicas(data: torch.Tensor, replicas: int, pg: Any) -> torch.Tensor
 
     out = data.detach().clone()
     dist.all_reduce(out, group=pg)
-    return out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")
+    return (
+        out.div_(replicas) if out.is_floating_point() or out.is_complex() else out.div_(replicas, rounding_mode="floor")
+    )

@@ -100,10 +100,12 @@ class CheckpointWriter:
             spec.validate()
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self._checksums = checksums
-        self._target = self._coord.begin(self.path, overwrite=overwrite, storage_options=storage_options,
-                                         options=self._options)
-        self._part = new_part(rank=rank, world_size=world_size,
-                              checksum_algorithm=_checksum.ALGORITHM if checksums else None)
+        self._target = self._coord.begin(
+            self.path, overwrite=overwrite, storage_options=storage_options, options=self._options
+        )
+        self._part = new_part(
+            rank=rank, world_size=world_size, checksum_algorithm=_checksum.ALGORITHM if checksums else None
+        )
         if layout is not None:
             self._part["layout"] = layout if isinstance(layout, dict) else layout.to_dict()
         self._part["program"] = program
@@ -171,7 +173,9 @@ class CheckpointWriter:
         # The fragment is the target region: a box target of a flat local run (a ZeRO buffer's
         # share of a shard) is that run, which holds the box in row-major order, reshaped.
         local = item.local
-        part = (data[local.slices()] if local.ndim else data) if isinstance(local, Box) else data[local.start : local.stop]
+        part = (
+            (data[local.slices()] if local.ndim else data) if isinstance(local, Box) else data[local.start : local.stop]
+        )
         shape = region_shape(item.target)
         array = host_array(part).reshape(shape)
         assert array.nbytes == item.nbytes, (item, array.nbytes)  # the plan sized it from the logical dtype
@@ -183,9 +187,14 @@ class CheckpointWriter:
             return
         attributes = {"ucp": {"dtype": item.dtype, "logical": item.logical, "region": region_to_dict(item.target)}}
         # Checksummed and written by the store's threads from the array itself.
-        futures = self._target.storage.write_array(f"data/{item.key}", array, dtype=storage_dtype(item.dtype),
-                                                   chunk_rows=item.chunk_rows, attributes=attributes,
-                                                   hasher=self._hasher)
+        futures = self._target.storage.write_array(
+            f"data/{item.key}",
+            array,
+            dtype=storage_dtype(item.dtype),
+            chunk_rows=item.chunk_rows,
+            attributes=attributes,
+            hasher=self._hasher,
+        )
         frag["checksums"] = [""] * len(futures) if self._checksums else []
         rows = item.chunk_rows
         row_bytes = array.nbytes // shape[0] if shape and shape[0] else array.nbytes
@@ -204,8 +213,9 @@ class CheckpointWriter:
 
     def _close_pack(self, step: ClosePack) -> None:
         arrays, frags = zip(*self._pack)
-        future = self._target.storage.write_pack(f"data/{step.key}", list(arrays), align=self._options.pack_align,
-                                                 hasher=self._hasher)
+        future = self._target.storage.write_pack(
+            f"data/{step.key}", list(arrays), align=self._options.pack_align, hasher=self._hasher
+        )
         self._pack = []
         self._queue(future, step.nbytes, functools.partial(_record_pack_checksums, frags))
 
@@ -326,4 +336,3 @@ def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> 
 
 def _is_dtensor(tensor: Any) -> bool:
     return type(tensor).__name__ == "DTensor"
-

@@ -73,8 +73,9 @@ def parse_metadata(data: bytes) -> Any:
         raise ValueError(f"zarr.json is not valid JSON ({str(err)[:120]})") from None
 
 
-def metadata_problems(meta: Any, *, shape: tuple[int, ...], data_type: str, chunk_rows: int,
-                      itemsize: int | None = None) -> list[str]:
+def metadata_problems(
+    meta: Any, *, shape: tuple[int, ...], data_type: str, chunk_rows: int, itemsize: int | None = None
+) -> list[str]:
     """How ``meta`` (a parsed ``zarr.json``) differs from the array the manifest describes; [] if it does not.
 
     Checks what a zarr v3 reader needs to read the bytes the manifest points at:
@@ -86,25 +87,32 @@ def metadata_problems(meta: Any, *, shape: tuple[int, ...], data_type: str, chun
         return ["zarr.json is not a JSON object"]
     problems = []
     if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
-        problems.append(f"zarr.json is not a zarr v3 array (zarr_format {_short(meta.get('zarr_format'))}, "
-                        f"node_type {_short(meta.get('node_type'))})")
+        problems.append(
+            f"zarr.json is not a zarr v3 array (zarr_format {_short(meta.get('zarr_format'))}, "
+            f"node_type {_short(meta.get('node_type'))})"
+        )
     if meta.get("shape") != list(shape):
         problems.append(f"shape is {_short(meta.get('shape'))}, the manifest says {list(shape)}")
     if meta.get("data_type") != data_type:
-        problems.append(f"data_type is {_short(meta.get('data_type'))}, the manifest says \"{data_type}\"")
+        problems.append(f'data_type is {_short(meta.get("data_type"))}, the manifest says "{data_type}"')
     grid = meta.get("chunk_grid")
-    found = grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) and isinstance(
-        grid.get("configuration"), dict) else None
+    found = (
+        grid.get("configuration", {}).get("chunk_shape")
+        if isinstance(grid, dict) and isinstance(grid.get("configuration"), dict)
+        else None
+    )
     if not isinstance(grid, dict) or grid.get("name") != "regular":
         problems.append(f"chunk_grid is {_short(grid)}, not a regular grid")
     elif found != chunk_shape(shape, chunk_rows):
         problems.append(f"chunk_shape is {_short(found)}, the manifest says {chunk_shape(shape, chunk_rows)}")
     if meta.get("chunk_key_encoding") != {"name": "default", "configuration": {"separator": "."}}:
-        problems.append(f"chunk_key_encoding is {_short(meta.get('chunk_key_encoding'))}, not default with \".\"")
+        problems.append(f'chunk_key_encoding is {_short(meta.get("chunk_key_encoding"))}, not default with "."')
     codecs = meta.get("codecs")
     little = [{"name": "bytes", "configuration": {"endian": "little"}}]
     one_byte = itemsize == 1 or data_type in ("bool", "int8", "uint8")
-    if codecs != little and not (one_byte and codecs in ([{"name": "bytes"}], [{"name": "bytes", "configuration": {}}])):
+    if codecs != little and not (
+        one_byte and codecs in ([{"name": "bytes"}], [{"name": "bytes", "configuration": {}}])
+    ):
         problems.append(f"codecs are {_short(codecs)}, not exactly the little-endian bytes codec")
     return problems
 

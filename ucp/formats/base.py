@@ -49,8 +49,22 @@ from ucp.format_hook import register_recogniser
 from ucp.geometry import Box, FlatRange, Region, region_pieces  # noqa: F401 - FlatRange: the docstring examples use it
 
 __all__ = [
-    "TensorInfo", "StoredBytes", "TrainingState", "FormatReader", "FormatWriter", "Format", "register_format", "get_format",
-    "formats", "detect_format", "UnknownFormatError", "blocks", "region_reader", "slice_region", "parse_size", "expect_block",
+    "TensorInfo",
+    "StoredBytes",
+    "TrainingState",
+    "FormatReader",
+    "FormatWriter",
+    "Format",
+    "register_format",
+    "get_format",
+    "formats",
+    "detect_format",
+    "UnknownFormatError",
+    "blocks",
+    "region_reader",
+    "slice_region",
+    "parse_size",
+    "expect_block",
 ]
 
 
@@ -118,13 +132,21 @@ class TrainingState:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "param_groups": [dict(g) for g in self.param_groups], "rng": dict(self.rng),
-                "extra": dict(self.extra)}
+        return {
+            "step": self.step,
+            "param_groups": [dict(g) for g in self.param_groups],
+            "rng": dict(self.rng),
+            "extra": dict(self.extra),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainingState":
-        return cls(step=data.get("step"), param_groups=tuple(data.get("param_groups") or ()),
-                   rng=dict(data.get("rng") or {}), extra=dict(data.get("extra") or {}))
+        return cls(
+            step=data.get("step"),
+            param_groups=tuple(data.get("param_groups") or ()),
+            rng=dict(data.get("rng") or {}),
+            extra=dict(data.get("extra") or {}),
+        )
 
 
 @runtime_checkable
@@ -138,17 +160,13 @@ class FormatReader(Protocol):
         """Every logical tensor, lazily (no tensor bytes read), in a stable order."""
         ...
 
-    def state(self) -> TrainingState:
-        ...
+    def state(self) -> TrainingState: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
-    def __enter__(self) -> "FormatReader":
-        ...
+    def __enter__(self) -> "FormatReader": ...
 
-    def __exit__(self, *exc: Any) -> None:
-        ...
+    def __exit__(self, *exc: Any) -> None: ...
 
 
 @runtime_checkable
@@ -166,8 +184,7 @@ class FormatWriter(Protocol):
         """
         ...
 
-    def set_state(self, state: TrainingState) -> None:
-        ...
+    def set_state(self, state: TrainingState) -> None: ...
 
     def close(self) -> None:
         """Commit: after this the checkpoint exists, whole."""
@@ -291,8 +308,7 @@ def blocks(shape: tuple[int, ...], dtype: str, max_bytes: int) -> tuple[Box, ...
         if len(prefix) == k:
             for start in range(0, shape[k], step):
                 size = min(step, shape[k] - start)
-                out.append(Box(prefix + (start,) + (0,) * (len(shape) - k - 1),
-                               (1,) * k + (size,) + shape[k + 1:]))
+                out.append(Box(prefix + (start,) + (0,) * (len(shape) - k - 1), (1,) * k + (size,) + shape[k + 1 :]))
             return
         for i in range(shape[len(prefix)]):
             walk(prefix + (i,))
@@ -311,11 +327,12 @@ def slice_region(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:
         return tensor
     if isinstance(region, Box):
         return tensor[region.slices()] if region.ndim else tensor
-    return tensor.reshape(-1)[region.start:region.stop]
+    return tensor.reshape(-1)[region.start : region.stop]
 
 
-def region_reader(shape: tuple[int, ...], dtype: str,
-                  read_box: Callable[[Box], torch.Tensor]) -> Callable[[Region | None], torch.Tensor]:
+def region_reader(
+    shape: tuple[int, ...], dtype: str, read_box: Callable[[Box], torch.Tensor]
+) -> Callable[[Region | None], torch.Tensor]:
     """A ``TensorInfo.reader`` from a function that reads boxes: flat ranges become row-major boxes.
 
     >>> t = torch.arange(12).view(3, 4)
@@ -332,14 +349,28 @@ def region_reader(shape: tuple[int, ...], dtype: str,
         out = torch.empty(region.numel, dtype=getattr(torch, dtype))
         for piece in region_pieces(region, shape):
             assert piece.span is not None, "the pieces of a flat range have spans"
-            out[piece.span.start:piece.span.stop] = read_box(piece.box).reshape(-1)
+            out[piece.span.start : piece.span.stop] = read_box(piece.box).reshape(-1)
         return out
 
     return read
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_size(size: int | str) -> int:
@@ -370,6 +401,7 @@ def expect_block(planned: dict, name: str, region: Box, tensor: torch.Tensor):
         raise KeyError(f"tensor {name!r} was not in the list this writer was opened with")
     got = str(tensor.dtype).removeprefix("torch.")
     if got != t.dtype or tuple(tensor.shape) != tuple(region.sizes):
-        raise ValueError(f"tensor {name!r}: got {got}{list(tensor.shape)} for region {region} of "
-                         f"{t.dtype}{list(t.shape)}")
+        raise ValueError(
+            f"tensor {name!r}: got {got}{list(tensor.shape)} for region {region} of {t.dtype}{list(t.shape)}"
+        )
     return t

@@ -56,11 +56,23 @@ __all__ = ["DcpReader", "DcpWriter", "read_metadata", "FORMAT"]
 
 METADATA_NAME = ".metadata"
 # What a DCP .metadata pickle may name: DCP's plain dataclasses (and their older homes).
-METADATA_CLASSES = tuple(f"torch.distributed.checkpoint.metadata.{n}" for n in (
-    "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "BytesStorageMetadata",
-    "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")) + (
-    "torch.distributed.checkpoint.filesystem._StorageInfo", "torch.distributed.checkpoint.filesystem._StoragePrefix",
-    "torch.serialization._get_layout", "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+METADATA_CLASSES = tuple(
+    f"torch.distributed.checkpoint.metadata.{n}"
+    for n in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "BytesStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+) + (
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.distributed.checkpoint.filesystem._StoragePrefix",
+    "torch.serialization._get_layout",
+    "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
     "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
 )
 
@@ -80,8 +92,9 @@ def read_metadata(path: str) -> Any:
     except UnsafePickleError as err:
         raise UnsafePickleError(f"{file}: {err}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
-        raise FormatError(f"{file} cannot be read as DCP metadata ({type(err).__name__}: {err}); "
-                          "the file is damaged or truncated") from None
+        raise FormatError(
+            f"{file} cannot be read as DCP metadata ({type(err).__name__}: {err}); the file is damaged or truncated"
+        ) from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise FormatError(f"{file} does not hold DCP Metadata (found {type(metadata).__name__})")
     return metadata
@@ -158,8 +171,12 @@ class DcpReader:
         if not isinstance(md.chunks, (list, tuple)):
             raise FormatError(f"{what} has chunks {md.chunks!r}, not a list (damaged or hostile file)")
         for chunk in md.chunks:
-            box = Box(*(check_geometry(f"{what}, a chunk", dtype="uint8", shape=value, available=math.inf).shape
-                        for value in (getattr(chunk, "offsets", None), getattr(chunk, "sizes", None))))
+            box = Box(
+                *(
+                    check_geometry(f"{what}, a chunk", dtype="uint8", shape=value, available=math.inf).shape
+                    for value in (getattr(chunk, "offsets", None), getattr(chunk, "sizes", None))
+                )
+            )
             if len(box.sizes) != len(shape) or not Box.full(shape).contains(box):
                 raise FormatError(f"{self.path}: chunk {box} of {fqn!r} does not fit its shape {list(shape)}")
             if box.numel:
@@ -168,8 +185,10 @@ class DcpReader:
                     raise FormatError(f"{self.path}: chunk {box} of {fqn!r} has no storage entry in the metadata")
                 self._check_file(fqn, info)
                 if box.numel * getattr(torch, dtype).itemsize > info.length:  # a saved chunk holds its bytes
-                    raise FormatError(f"{what}: chunk {box} is {box.numel} elements, but its storage entry holds "
-                                      f"{info.length} bytes (damaged or hostile metadata)")
+                    raise FormatError(
+                        f"{what}: chunk {box} is {box.numel} elements, but its storage entry holds "
+                        f"{info.length} bytes (damaged or hostile metadata)"
+                    )
                 boxes.append(box)
         if shape and coverage_gaps(boxes, shape) != (0, []) or not shape and len(boxes) < 1:
             raise FormatError(f"{self.path}: the chunks of {fqn!r} do not cover its shape {list(shape)} exactly once")
@@ -184,8 +203,13 @@ class DcpReader:
             size = os.path.getsize(file)
         except OSError:
             raise FormatError(f"{self.path}: data file {info.relative_path!r} of {fqn!r} is missing") from None
-        check_span(f"{self.path}: {fqn!r}", offset=info.offset, length=info.length, available=size,
-                   container=repr(info.relative_path))
+        check_span(
+            f"{self.path}: {fqn!r}",
+            offset=info.offset,
+            length=info.length,
+            available=size,
+            container=repr(info.relative_path),
+        )
 
     def _read_bytes(self, keys: list[str]) -> dict[str, Any]:
         from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -198,8 +222,9 @@ class DcpReader:
                 raise FormatError(f"{self.path}: entry {key!r} has no storage entry in the metadata")
             self._check_file(key, info)
             index = MetadataIndex(key)
-            items.append(ReadItem(LoadItemType.BYTE_IO, index, torch.Size([0]), index, torch.Size([0]),
-                                  torch.Size([0])))
+            items.append(
+                ReadItem(LoadItemType.BYTE_IO, index, torch.Size([0]), index, torch.Size([0]), torch.Size([0]))
+            )
         sink = _Sink()
         self._run(LoadPlan(items), sink, "non-tensor entries")
         return sink.values
@@ -210,8 +235,10 @@ class DcpReader:
         except UcpError:
             raise
         except Exception as err:  # noqa: BLE001 - DCP's reader on damaged or hostile bytes can raise anything
-            raise FormatError(f"{self.path}: reading {what} failed ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); the data files are damaged") from None
+            raise FormatError(
+                f"{self.path}: reading {what} failed ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); the data files are damaged"
+            ) from None
 
     def tensors(self) -> Iterator[TensorInfo]:
         for name, leaf in self._names.items():
@@ -232,9 +259,16 @@ class DcpReader:
                     continue
                 if box.ndim and self._read_direct(fqn, cbox, dtype, overlap, out, box):
                     continue
-                items.append(ReadItem(LoadItemType.TENSOR, _index(fqn, box.offsets),
-                                      torch.Size(overlap.relative_to(box).offsets), _index(fqn, cbox.offsets),
-                                      torch.Size(overlap.relative_to(cbox).offsets), torch.Size(overlap.sizes)))
+                items.append(
+                    ReadItem(
+                        LoadItemType.TENSOR,
+                        _index(fqn, box.offsets),
+                        torch.Size(overlap.relative_to(box).offsets),
+                        _index(fqn, cbox.offsets),
+                        torch.Size(overlap.relative_to(cbox).offsets),
+                        torch.Size(overlap.sizes),
+                    )
+                )
                 if not box.ndim:
                     break
             if items:
@@ -254,8 +288,15 @@ class DcpReader:
         view = out
         for dim, (start, length) in enumerate(zip(overlap.relative_to(box).offsets, overlap.sizes)):
             view = view.narrow(dim, start, length)
-        read_box(file.fileno(), offset, cbox.sizes, dtype, overlap.relative_to(cbox),
-                 what=f"{self.path}: chunk {cbox} of {fqn!r}", into=view)
+        read_box(
+            file.fileno(),
+            offset,
+            cbox.sizes,
+            dtype,
+            overlap.relative_to(cbox),
+            what=f"{self.path}: chunk {cbox} of {fqn!r}",
+            into=view,
+        )
         return True
 
     def _chunk_record(self, fqn: str, cbox: Box) -> tuple[Any, int] | None:
@@ -315,10 +356,15 @@ def _planner_paths(file: str, planner_data: Any, entries: dict) -> dict[str, tup
     paths: dict[str, tuple] = {}
     for key in entries:
         path = data.get(key, (key,))
-        if not isinstance(path, (tuple, list)) or not path or not all(
-                isinstance(p, str) or isinstance(p, int) and not isinstance(p, bool) for p in path):
-            raise FormatError(f"{file}: planner_data gives entry {key!r} the path {path!r}; a path is a non-empty "
-                              "list of names and list indices (damaged or hostile metadata)")
+        if (
+            not isinstance(path, (tuple, list))
+            or not path
+            or not all(isinstance(p, str) or isinstance(p, int) and not isinstance(p, bool) for p in path)
+        ):
+            raise FormatError(
+                f"{file}: planner_data gives entry {key!r} the path {path!r}; a path is a non-empty "
+                "list of names and list indices (damaged or hostile metadata)"
+            )
         paths[key] = tuple(path)
     owner: dict[tuple, str] = {}
     for key, path in sorted(paths.items(), key=lambda kv: len(kv[1])):
@@ -326,8 +372,10 @@ def _planner_paths(file: str, planner_data: Any, entries: dict) -> dict[str, tup
             other = owner.get(path[:n])
             if other is not None:
                 how = "the same path" if n == len(path) else f"a path inside {other!r}'s"
-                raise FormatError(f"{file}: planner_data gives entries {other!r} and {key!r} {how} "
-                                  f"({list(path[:n])!r}); one of them would be lost (damaged or hostile metadata)")
+                raise FormatError(
+                    f"{file}: planner_data gives entries {other!r} and {key!r} {how} "
+                    f"({list(path[:n])!r}); one of them would be lost (damaged or hostile metadata)"
+                )
         owner[path] = key
     return paths
 
@@ -354,7 +402,6 @@ def _nest(flat: dict[tuple, Any]) -> dict:
 
 def detect(path: str) -> bool:
     return os.path.isfile(os.path.join(path, METADATA_NAME))
-
 
 
 def _flatten(tree: dict, is_tensor) -> dict[str, tuple[tuple, Any]]:
@@ -411,8 +458,15 @@ class DcpWriter:
 
     format = "dcp"
 
-    def __init__(self, path: str, *, tensors: Sequence[LogicalTensor], overwrite: bool = False,
-                 block_bytes: int | None = None, state: TrainingState | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        tensors: Sequence[LogicalTensor],
+        overwrite: bool = False,
+        block_bytes: int | None = None,
+        state: TrainingState | None = None,
+    ) -> None:
         from torch.distributed.checkpoint import FileSystemWriter
 
         self.path = os.fspath(path)
@@ -429,8 +483,7 @@ class DcpWriter:
         self._results: list = []
         self._batches = 0
         self._out = StagedOutput(self.path, directory=True, overwrite=overwrite)
-        self._storage = FileSystemWriter(self._out.staging, single_file_per_rank=True, sync_files=True,
-                                         thread_count=1)
+        self._storage = FileSystemWriter(self._out.staging, single_file_per_rank=True, sync_files=True, thread_count=1)
         self._storage.set_up_storage_writer(True)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -444,10 +497,15 @@ class DcpWriter:
         t = expect_block(self._tensors, name, region, tensor)
         fqn = self._fqn[name]
         self._chunks[name].append(region)
-        item = WriteItem(index=_index(fqn, region.offsets), type=WriteItemType.TENSOR,
-                         tensor_data=TensorWriteData(
-                             chunk=ChunkStorageMetadata(torch.Size(region.offsets), torch.Size(region.sizes)),
-                             properties=TensorProperties(dtype=tensor.dtype), size=torch.Size(t.shape)))
+        item = WriteItem(
+            index=_index(fqn, region.offsets),
+            type=WriteItemType.TENSOR,
+            tensor_data=TensorWriteData(
+                chunk=ChunkStorageMetadata(torch.Size(region.offsets), torch.Size(region.sizes)),
+                properties=TensorProperties(dtype=tensor.dtype),
+                size=torch.Size(t.shape),
+            ),
+        )
         self._pending[(fqn, region.offsets)] = tensor.detach()
         self._pending_items.append(item)
         self._pending_bytes += tensor.numel() * tensor.element_size()
@@ -468,29 +526,40 @@ class DcpWriter:
 
     def set_state(self, state: TrainingState) -> None:
         if state.to_dict() != self._state.to_dict():
-            raise ValueError("the DCP writer names its entries from the training state given when it is opened: "
-                             "pass the same state= to open_writer")
+            raise ValueError(
+                "the DCP writer names its entries from the training state given when it is opened: "
+                "pass the same state= to open_writer"
+            )
 
     def close(self) -> None:
-        from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                           TensorProperties, TensorStorageMetadata)
+        from torch.distributed.checkpoint.metadata import (
+            BytesStorageMetadata,
+            ChunkStorageMetadata,
+            Metadata,
+            TensorProperties,
+            TensorStorageMetadata,
+        )
         from torch.distributed.checkpoint.metadata import MetadataIndex
         from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
         try:
             self._flush()
-            missing = [n for n, t in self._tensors.items()
-                       if sum(b.numel for b in self._chunks[n]) != Box.full(t.shape).numel]
+            missing = [
+                n for n, t in self._tensors.items() if sum(b.numel for b in self._chunks[n]) != Box.full(t.shape).numel
+            ]
             if missing:
                 raise ValueError(f"tensors never written completely: {', '.join(missing[:10])}")
             entries: dict[str, Any] = {}
             for fqn, (_, leaf) in self._flat.items():
                 if isinstance(leaf, _Name):
                     t = self._tensors[leaf.name]
-                    chunks = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes))
-                              for b in self._chunks[leaf.name]]
-                    entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=getattr(torch, t.dtype)),
-                                                         torch.Size(t.shape), chunks)
+                    chunks = [
+                        ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes))
+                        for b in self._chunks[leaf.name]
+                    ]
+                    entries[fqn] = TensorStorageMetadata(
+                        TensorProperties(dtype=getattr(torch, t.dtype)), torch.Size(t.shape), chunks
+                    )
                 else:
                     entries[fqn] = BytesStorageMetadata()
                     buffer = io.BytesIO()
@@ -499,8 +568,9 @@ class DcpWriter:
                     self._pending[(fqn, ())] = buffer
                     self._pending_items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
             self._flush()
-            metadata = Metadata(state_dict_metadata=entries,
-                                planner_data={fqn: path for fqn, (path, _) in self._flat.items()})
+            metadata = Metadata(
+                state_dict_metadata=entries, planner_data={fqn: path for fqn, (path, _) in self._flat.items()}
+            )
             self._storage.finish(metadata, [self._results])
             self._out.commit()
         except BaseException:
@@ -511,11 +581,12 @@ class DcpWriter:
         self._out.abort()
 
 
-
-FORMAT = register_format(Format(
-    name="dcp",
-    description="PyTorch Distributed Checkpoint folder (.metadata + .distcp files), e.g. FSDP2",
-    detect=detect,
-    open_reader=DcpReader,
-    open_writer=DcpWriter,
-))
+FORMAT = register_format(
+    Format(
+        name="dcp",
+        description="PyTorch Distributed Checkpoint folder (.metadata + .distcp files), e.g. FSDP2",
+        detect=detect,
+        open_reader=DcpReader,
+        open_writer=DcpWriter,
+    )
+)

@@ -28,10 +28,22 @@ __all__ = ["SIDE_FILES", "side_files", "config_beside", "config_params"]
 
 CONFIG_NAME = "config.json"
 SIDE_FILES = (
-    CONFIG_NAME, "generation_config.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json", "vocab.txt", "merges.txt",
-    "chat_template.json", "chat_template.jinja", "preprocessor_config.json", "processor_config.json",
+    CONFIG_NAME,
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.json",
+    "chat_template.jinja",
+    "preprocessor_config.json",
+    "processor_config.json",
 )
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -49,8 +61,9 @@ def config_beside(src: str | os.PathLike) -> str | None:
     src = os.fspath(src).rstrip("/")
     if "://" in src:
         return None
-    for folder in ((src, os.path.dirname(os.path.abspath(src))) if os.path.isdir(src)
-                   else (os.path.dirname(os.path.abspath(src)),)):
+    for folder in (
+        (src, os.path.dirname(os.path.abspath(src))) if os.path.isdir(src) else (os.path.dirname(os.path.abspath(src)),)
+    ):
         path = os.path.join(folder, CONFIG_NAME)
         if os.path.isfile(path):
             return path

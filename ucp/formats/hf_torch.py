@@ -47,7 +47,7 @@ def _load_index(path: str) -> dict[str, str]:
         raise FormatError(f"{path} is not valid JSON ({err}); the index is damaged") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise FormatError(f"{path} has no weight_map (expected {{\"weight_map\": {{name: shard file}}}})")
+        raise FormatError(f'{path} has no weight_map (expected {{"weight_map": {{name: shard file}}}})')
     for name, file in weight_map.items():
         if not isinstance(file, str) or os.path.basename(file) != file or file in ("", ".", ".."):
             raise FormatError(f"{path}: weight_map puts {name!r} in {file!r}, which is not a file name in the folder")
@@ -65,11 +65,15 @@ class HfTorchReader:
         weight_map = _load_index(index_path) if os.path.isfile(index_path) else None
         files = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_NAME]
         if weight_map is not None:  # a shard the index forgot would be dropped without a word: refuse instead
-            stray = sorted(n for n in os.listdir(self.path) if n.startswith("pytorch_model") and n.endswith(".bin")
-                           and n not in files)
+            stray = sorted(
+                n
+                for n in os.listdir(self.path)
+                if n.startswith("pytorch_model") and n.endswith(".bin") and n not in files
+            )
             if stray:
-                raise FormatError(f"{self.path}: {stray[0]} is not named by {INDEX_NAME}; "
-                                  "the index does not match the shards")
+                raise FormatError(
+                    f"{self.path}: {stray[0]} is not named by {INDEX_NAME}; the index does not match the shards"
+                )
         self._readers: list[TorchFileReader] = []
         self._where: dict[str, TorchFileReader] = {}
         try:
@@ -81,17 +85,23 @@ class HfTorchReader:
                 self._readers.append(reader)
                 for info in reader.tensors():
                     if info.name in self._where:
-                        raise FormatError(f"{self.path}: tensor {info.name!r} is in both "
-                                          f"{os.path.basename(self._where[info.name].path)} and {file}")
+                        raise FormatError(
+                            f"{self.path}: tensor {info.name!r} is in both "
+                            f"{os.path.basename(self._where[info.name].path)} and {file}"
+                        )
                     if weight_map is not None and weight_map.get(info.name) != file:
-                        raise FormatError(f"{self.path}: {file} holds {info.name!r}, which {INDEX_NAME} "
-                                          f"{'puts in ' + repr(weight_map[info.name]) if info.name in weight_map else 'does not list'}; "
-                                          "the index does not match the shards")
+                        raise FormatError(
+                            f"{self.path}: {file} holds {info.name!r}, which {INDEX_NAME} "
+                            f"{'puts in ' + repr(weight_map[info.name]) if info.name in weight_map else 'does not list'}; "
+                            "the index does not match the shards"
+                        )
                     self._where[info.name] = reader
             missing = sorted(set(weight_map or ()) - set(self._where))
             if missing:
-                raise FormatError(f"{self.path}: {INDEX_NAME} lists {len(missing)} tensors no shard holds "
-                                  f"(first: {missing[0]!r}); the index does not match the shards")
+                raise FormatError(
+                    f"{self.path}: {INDEX_NAME} lists {len(missing)} tensors no shard holds "
+                    f"(first: {missing[0]!r}); the index does not match the shards"
+                )
         except BaseException:
             self.close()
             raise
@@ -116,14 +126,17 @@ class HfTorchReader:
 
 
 def detect(path: str) -> bool:
-    return os.path.isdir(path) and (os.path.isfile(os.path.join(path, INDEX_NAME))
-                                    or os.path.isfile(os.path.join(path, SINGLE_NAME)))
+    return os.path.isdir(path) and (
+        os.path.isfile(os.path.join(path, INDEX_NAME)) or os.path.isfile(os.path.join(path, SINGLE_NAME))
+    )
 
 
-FORMAT = register_format(Format(
-    name="hf-torch",
-    description="Hugging Face PyTorch weights folder (pytorch_model.bin, or shards + pytorch_model.bin.index.json)",
-    detect=detect,
-    open_reader=HfTorchReader,
-    open_writer=None,
-))
+FORMAT = register_format(
+    Format(
+        name="hf-torch",
+        description="Hugging Face PyTorch weights folder (pytorch_model.bin, or shards + pytorch_model.bin.index.json)",
+        detect=detect,
+        open_reader=HfTorchReader,
+        open_writer=None,
+    )
+)

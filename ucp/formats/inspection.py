@@ -82,12 +82,24 @@ def describe_format(path: str | os.PathLike, *, format: str | None = None) -> Fo
     with fmt.open_reader(path) as reader:
         lines = tuple(TensorLine(t.name, t.dtype, tuple(t.shape), t.nbytes) for t in reader.tensors())
         state = reader.state()
-    return FormatSummary(path=path, format=fmt.name, step=state.step, param_groups=len(state.param_groups),
-                         total_bytes=sum(t.nbytes for t in lines), tensors=lines, state=state.to_dict())
+    return FormatSummary(
+        path=path,
+        format=fmt.name,
+        step=state.step,
+        param_groups=len(state.param_groups),
+        total_bytes=sum(t.nbytes for t in lines),
+        tensors=lines,
+        state=state.to_dict(),
+    )
 
 
-def verify_format(path: str | os.PathLike, *, format: str | None = None, memory_budget: int | str = "2GiB",
-                  progress: Callable[[int], None] | None = None) -> FormatVerifyReport:
+def verify_format(
+    path: str | os.PathLike,
+    *,
+    format: str | None = None,
+    memory_budget: int | str = "2GiB",
+    progress: Callable[[int], None] | None = None,
+) -> FormatVerifyReport:
     """Open and read every tensor of a checkpoint of any format; ``progress(nbytes)`` after each block.
 
     Raises only when no format recognises ``path`` (nothing to check); everything else is a problem.
@@ -134,5 +146,6 @@ class _ReadMismatch(UcpError, ValueError):
 def _check(info: Any, box: Any, got: Any) -> None:
     dtype = str(got.dtype).removeprefix("torch.")
     if tuple(got.shape) != tuple(box.sizes) or dtype != info.dtype:
-        raise _ReadMismatch(f"tensor {info.name!r}: reading {box} gave {dtype}{list(got.shape)}, expected "
-                            f"{info.dtype}{list(box.sizes)}")
+        raise _ReadMismatch(
+            f"tensor {info.name!r}: reading {box} gave {dtype}{list(got.shape)}, expected {info.dtype}{list(box.sizes)}"
+        )

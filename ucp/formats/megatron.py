@@ -60,24 +60,34 @@ def _iteration_dir(path: str) -> str:
 
 def program_params(args: Any) -> dict:
     """The ``megatron-gpt`` preset's parameters from a checkpoint's ``args``."""
+
     def arg(name: str, default: Any = None) -> Any:
         return getattr(args, name, default)
 
     heads = arg("num_attention_heads")
     if not arg("num_layers") or not heads or not arg("hidden_size") or not arg("ffn_hidden_size"):
-        raise FormatError("the checkpoint's args lack num_layers/num_attention_heads/hidden_size/ffn_hidden_size; "
-                          "pass program= explicitly")
+        raise FormatError(
+            "the checkpoint's args lack num_layers/num_attention_heads/hidden_size/ffn_hidden_size; "
+            "pass program= explicitly"
+        )
     if arg("decoder_first_pipeline_num_layers") or arg("decoder_last_pipeline_num_layers"):
-        raise FormatError("uneven pipeline stages (decoder_first/last_pipeline_num_layers) need an explicit "
-                          "program with stage_layers_list")
+        raise FormatError(
+            "uneven pipeline stages (decoder_first/last_pipeline_num_layers) need an explicit "
+            "program with stage_layers_list"
+        )
     padded = arg("padded_vocab_size")
     sizes = {"hidden_size": arg("hidden_size"), "ffn_hidden_size": arg("ffn_hidden_size")}
     sizes.update({k: arg(k) for k in ("kv_channels", "moe_ffn_hidden_size") if arg(k)})  # else the preset derives them
-    return {"num_layers": arg("num_layers"), "heads": heads,
-            "kv_heads": arg("num_query_groups") if arg("group_query_attention") else heads,
-            "vocab_size": arg("vocab_size") or padded, "vocab_multiple": arg("make_vocab_size_divisible_by", 128),
-            "tie_embeddings": 0 if arg("untie_embeddings_and_output_weights", False) else 1,
-            "num_experts": arg("num_experts") or 0, **sizes}
+    return {
+        "num_layers": arg("num_layers"),
+        "heads": heads,
+        "kv_heads": arg("num_query_groups") if arg("group_query_attention") else heads,
+        "vocab_size": arg("vocab_size") or padded,
+        "vocab_multiple": arg("make_vocab_size_divisible_by", 128),
+        "tie_embeddings": 0 if arg("untie_embeddings_and_output_weights", False) else 1,
+        "num_experts": arg("num_experts") or 0,
+        **sizes,
+    }
 
 
 class MegatronReader:
@@ -98,9 +108,11 @@ class MegatronReader:
             if m[3] is not None:
                 raise FormatError(f"{self.iter_dir}/{name}: expert-parallel Megatron checkpoints are not supported")
             if os.path.isfile(os.path.join(self.iter_dir, name, "distrib_optim.pt")):
-                raise FormatError(f"{self.iter_dir}/{name}/distrib_optim.pt: the distributed optimizer's flat "
-                                  "buffers are not supported; load and save without --use-distributed-optimizer "
-                                  "in Megatron first")
+                raise FormatError(
+                    f"{self.iter_dir}/{name}/distrib_optim.pt: the distributed optimizer's flat "
+                    "buffers are not supported; load and save without --use-distributed-optimizer "
+                    "in Megatron first"
+                )
             ranks[(int(m[1]), int(m[2] or 0))] = os.path.join(self.iter_dir, name, "model_optim_rng.pt")
         if not ranks:
             raise FormatError(f"{self.iter_dir} holds no mp_rank_XX folders")
@@ -177,8 +189,9 @@ class MegatronReader:
         try:
             fmap = ucl.spec_for_save(self.program, self.layout, rank, shapes, params=params)
         except ucl.UclError as err:
-            raise FormatError(f"{self.files[rank]}: the {self.program} program does not describe this file: "
-                              f"{err}") from None
+            raise FormatError(
+                f"{self.files[rank]}: the {self.program} program does not describe this file: {err}"
+            ) from None
         for key, spec in fmap.tensors.items():
             for piece in spec.pieces:
                 self._pieces.setdefault(piece.logical, []).append((rank, key, piece.local, piece.target))
@@ -199,15 +212,16 @@ class MegatronReader:
             runs.append((rank, key, local, target))
         covered = sum(math.prod(t.sizes) if isinstance(t, Box) else t.numel for *_, t in runs)
         if covered != math.prod(info.shape):
-            raise FormatError(f"{self.iter_dir}: the shards cover {covered} of the {math.prod(info.shape)} "
-                              f"elements of {name}")
+            raise FormatError(
+                f"{self.iter_dir}: the shards cover {covered} of the {math.prod(info.shape)} elements of {name}"
+            )
         dtype = getattr(torch, info.dtype)
 
         def read(region: Region | None) -> torch.Tensor:
             target_box = Box.full(info.shape) if region is None else region
             if not isinstance(target_box, Box):
                 whole = read(None)
-                return whole.reshape(-1)[target_box.start:target_box.stop].clone()
+                return whole.reshape(-1)[target_box.start : target_box.stop].clone()
             out = torch.empty(target_box.sizes, dtype=dtype)
             for rank, key, local, target in runs:
                 # Megatron's files hold whole parameter shards: the program maps them box to box.
@@ -220,6 +234,7 @@ class MegatronReader:
                 src_box = Box(src_box.offsets, overlap.sizes)
                 out[overlap.relative_to(target_box).slices()] = source[src_box.slices()]
             return out
+
         return read
 
     def _local_tensor(self, rank: int, key: str) -> torch.Tensor:
@@ -238,17 +253,35 @@ class MegatronReader:
         first = self._state(0)
 
         def tensor_ref(t: torch.Tensor, where: str) -> Any:
-            return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                    "values": t.reshape(-1).tolist()}
+            return {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "values": t.reshape(-1).tolist(),
+            }
 
-        rng = {f"tp{c.tp}_pp{c.pp}": to_plain(self._state(r).get("rng_state"), tensor=tensor_ref)
-               for r in sorted(self.files) for c in [self.layout.coords(r)]}
-        extra = {"format": self.format, "tp": self.layout.tp, "pp": self.layout.pp, "program": str(self.program),
-                 "megatron": {k: to_plain(v, tensor=tensor_ref) for k, v in first.items()
-                              if k not in ("model", "optimizer", "rng_state") and not re.fullmatch(r"model\d+", k)}}
+        rng = {
+            f"tp{c.tp}_pp{c.pp}": to_plain(self._state(r).get("rng_state"), tensor=tensor_ref)
+            for r in sorted(self.files)
+            for c in [self.layout.coords(r)]
+        }
+        extra = {
+            "format": self.format,
+            "tp": self.layout.tp,
+            "pp": self.layout.pp,
+            "program": str(self.program),
+            "megatron": {
+                k: to_plain(v, tensor=tensor_ref)
+                for k, v in first.items()
+                if k not in ("model", "optimizer", "rng_state") and not re.fullmatch(r"model\d+", k)
+            },
+        }
         iteration = first.get("iteration")
-        return TrainingState(step=iteration if isinstance(iteration, int) else None,
-                             param_groups=self._param_groups(), rng=rng, extra=extra)
+        return TrainingState(
+            step=iteration if isinstance(iteration, int) else None,
+            param_groups=self._param_groups(),
+            rng=rng,
+            extra=extra,
+        )
 
     def _param_groups(self) -> tuple[dict, ...]:
         """Every rank's groups, matched by their hyper-parameters (each rank numbers its groups in the order
@@ -279,12 +312,16 @@ class MegatronReader:
 
 def _check_shape(tensor: Any, param: torch.Tensor, where: str) -> None:
     if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(param.shape):
-        raise FormatError(f"{where} has shape {tuple(getattr(tensor, 'shape', ()))} but its parameter "
-                          f"{tuple(param.shape)}: the optimizer's parameter order is not Megatron's default "
-                          "(named_parameters, no weight decay for biases and 1-d tensors)")
+        raise FormatError(
+            f"{where} has shape {tuple(getattr(tensor, 'shape', ()))} but its parameter "
+            f"{tuple(param.shape)}: the optimizer's parameter order is not Megatron's default "
+            "(named_parameters, no weight decay for biases and 1-d tensors)"
+        )
 
 
-def _megatron_groups(params: list[str], model: dict[str, torch.Tensor], groups: list[dict], where: str) -> list[list[str]]:
+def _megatron_groups(
+    params: list[str], model: dict[str, torch.Tensor], groups: list[dict], where: str
+) -> list[list[str]]:
     """The parameters of each optimizer group, as Megatron's ``_get_param_groups`` orders them."""
     wanted = []
     for group in groups:
@@ -295,13 +332,17 @@ def _megatron_groups(params: list[str], model: dict[str, torch.Tensor], groups: 
         no_wd = name.endswith(".bias") or model[name].dim() == 1
         matches = [g for g, decay in enumerate(wanted) if decay != no_wd and len(out[g]) < len(groups[g]["params"])]
         if not matches:
-            raise FormatError(f"{where}: parameter {name.partition('/')[2]} fits no optimizer param group; the groups "
-                              "are not Megatron's default (decay / no decay)")
+            raise FormatError(
+                f"{where}: parameter {name.partition('/')[2]} fits no optimizer param group; the groups "
+                "are not Megatron's default (decay / no decay)"
+            )
         out[matches[0]].append(name)
     for g, group in enumerate(groups):
         if len(out[g]) != len(group["params"]):
-            raise FormatError(f"{where}: optimizer group {g} lists {len(group['params'])} parameters, the model "
-                              f"gives it {len(out[g])}")
+            raise FormatError(
+                f"{where}: optimizer group {g} lists {len(group['params'])} parameters, the model "
+                f"gives it {len(out[g])}"
+            )
     return out
 
 
@@ -310,14 +351,17 @@ def _detect(path: str) -> bool:
         return False
     if os.path.isfile(os.path.join(path, TRACKER)):
         return True
-    return any(RANK_DIR.match(n) and os.path.isfile(os.path.join(path, n, "model_optim_rng.pt"))
-               for n in os.listdir(path))
+    return any(
+        RANK_DIR.match(n) and os.path.isfile(os.path.join(path, n, "model_optim_rng.pt")) for n in os.listdir(path)
+    )
 
 
-FORMAT = register_format(Format(
-    name="megatron",
-    description="Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_XX[_YYY]/"
-                "model_optim_rng.pt), merged with the megatron-gpt UCL preset",
-    detect=_detect,
-    open_reader=MegatronReader,
-))
+FORMAT = register_format(
+    Format(
+        name="megatron",
+        description="Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_XX[_YYY]/"
+        "model_optim_rng.pt), merged with the megatron-gpt UCL preset",
+        detect=_detect,
+        open_reader=MegatronReader,
+    )
+)

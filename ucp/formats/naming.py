@@ -42,7 +42,16 @@ from typing import Any, Callable
 from ucp.errors import FormatError
 from ucp.formats.base import TrainingState
 
-__all__ = ["strip_wrappers", "split_tree", "build_tree", "plain", "unplain", "MODEL_ROOTS", "OPTIMIZER_ROOTS", "STEP_KEYS"]
+__all__ = [
+    "strip_wrappers",
+    "split_tree",
+    "build_tree",
+    "plain",
+    "unplain",
+    "MODEL_ROOTS",
+    "OPTIMIZER_ROOTS",
+    "STEP_KEYS",
+]
 
 MODEL_ROOTS = ("model", "module", "state_dict", "model_state_dict", "model_state")
 OPTIMIZER_ROOTS = ("optim", "optimizer", "optimizer_state_dict", "optimizer_states", "optim_state", "optimizers")
@@ -67,9 +76,11 @@ def strip_wrappers(name: str) -> str:
 
 def _wrapper(tree: dict) -> Any:
     """The one top-level key whose dict holds the model/optimizer roots, when the top level has none."""
+
     def has_roots(node: Any) -> bool:
-        return isinstance(node, dict) and any(isinstance(k, str) and (k in MODEL_ROOTS or k in OPTIMIZER_ROOTS)
-                                              for k in node)
+        return isinstance(node, dict) and any(
+            isinstance(k, str) and (k in MODEL_ROOTS or k in OPTIMIZER_ROOTS) for k in node
+        )
 
     if has_roots(tree):
         return None
@@ -277,8 +288,11 @@ def plain(value: Any) -> Any:
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, InertObject):
         # getattr: a stand-in made by pickle's NEWOBJ skips __init__, so it may lack args and state
-        return {"$inert": value.origin, "args": plain(list(getattr(value, "args", ()))),
-                "state": plain(getattr(value, "state", None))}
+        return {
+            "$inert": value.origin,
+            "args": plain(list(getattr(value, "args", ()))),
+            "state": plain(getattr(value, "state", None)),
+        }
     if hasattr(value, "tolist"):  # numpy arrays and scalars, torch.Size
         return plain(value.tolist())
     if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":
@@ -307,8 +321,14 @@ def unplain(value: Any) -> Any:
     return value
 
 
-def build_tree(names: list[str], state: TrainingState, leaf: Callable[[str], Any], *,
-               model_root: str = "model", optimizer_root: str = "optim") -> dict:
+def build_tree(
+    names: list[str],
+    state: TrainingState,
+    leaf: Callable[[str], Any],
+    *,
+    model_root: str = "model",
+    optimizer_root: str = "optim",
+) -> dict:
     """The nested state ``split_tree`` reads back as ``names`` and ``state``.
 
     ``leaf(name)`` gives the value stored for each tensor (a tensor, a reference...).

@@ -79,8 +79,9 @@ def write_at(fd: int, offset: int, tensor: torch.Tensor) -> int:
     return len(view)
 
 
-def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box, *, what: str,
-             into: torch.Tensor | None = None) -> torch.Tensor:
+def read_box(
+    fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box, *, what: str, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """``box`` of the row-major ``shape`` tensor whose bytes start at ``offset`` in ``fd``.
 
     Into a new tensor, or into ``into`` (a tensor of the box's sizes and the dtype, possibly a strided
@@ -102,9 +103,10 @@ def read_box(fd: int, offset: int, shape: tuple[int, ...], dtype: str, box: Box,
     for r0 in range(0, box.sizes[0], rows):
         n = min(rows, box.sizes[0] - r0)
         slab = allocate((n,) + tuple(shape[1:]), dtype, what=what)
-        _pread_into(fd, offset + (box.offsets[0] + r0) * row_bytes,
-                    to_numpy(slab).reshape(-1).view(np.uint8).data, what)
-        out[r0:r0 + n] = slab[(slice(None),) + inner]
+        _pread_into(
+            fd, offset + (box.offsets[0] + r0) * row_bytes, to_numpy(slab).reshape(-1).view(np.uint8).data, what
+        )
+        out[r0 : r0 + n] = slab[(slice(None),) + inner]
     return out
 
 

@@ -37,8 +37,7 @@ import torch
 
 from ucp.dtypes import UnsupportedDtypeError
 from ucp.errors import FormatError
-from ucp.formats.base import (Format, TensorInfo, TrainingState, expect_block, parse_size, region_reader,
-                              register_format)
+from ucp.formats.base import Format, TensorInfo, TrainingState, expect_block, parse_size, region_reader, register_format
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.tensor_geometry import check_geometry, check_span
 from ucp.formats.staged_output import StagedOutput
@@ -55,10 +54,24 @@ DEFAULT_SHARD_BYTES = 5 << 30
 
 # safetensors dtype name <-> torch dtype name (those both sides define).
 DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-    "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
-    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2": "float8_e5m2",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "C64": "complex64",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "C64": "complex64",
 }
 _TO_SAFETENSORS = {v: k for k, v in DTYPES.items()}
 
@@ -80,8 +93,10 @@ def read_header(path: str) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], 
             raise FormatError(f"{path} is not a safetensors file: {size} bytes, shorter than the 8-byte header length")
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER_BYTES or n + 8 > size:
-            raise FormatError(f"{path}: header length {n} does not fit in the file's {size} bytes "
-                              "(truncated or not a safetensors file)")
+            raise FormatError(
+                f"{path}: header length {n} does not fit in the file's {size} bytes "
+                "(truncated or not a safetensors file)"
+            )
         raw = fh.read(n)
     try:
         header = json.loads(raw)
@@ -107,15 +122,20 @@ def read_header(path: str) -> tuple[dict, dict[str, tuple[str, tuple[int, ...], 
         if any(s < 0 for s in shape) or not 0 <= begin <= end:
             raise FormatError(f"{path}: tensor {name!r} has negative sizes or offsets in the header")
         if end - begin != math.prod(shape) * _itemsize(dtype):
-            raise FormatError(f"{path}: tensor {name!r} is {dtype}{list(shape)} "
-                              f"({math.prod(shape) * _itemsize(dtype)} bytes) but its data_offsets span {end - begin}")
+            raise FormatError(
+                f"{path}: tensor {name!r} is {dtype}{list(shape)} "
+                f"({math.prod(shape) * _itemsize(dtype)} bytes) but its data_offsets span {end - begin}"
+            )
         if end > data_len:
-            raise FormatError(f"{path}: tensor {name!r} ends at byte {end} of the data, but the file holds only "
-                              f"{data_len} bytes of data (truncated)")
+            raise FormatError(
+                f"{path}: tensor {name!r} ends at byte {end} of the data, but the file holds only "
+                f"{data_len} bytes of data (truncated)"
+            )
         # The checks every reader shares (the ones above word this format's own mistakes).
         check_geometry(f"{path}: tensor {name!r}", dtype=dtype, shape=shape, available=end - begin)
-        check_span(f"{path}: tensor {name!r}", offset=begin, length=end - begin, available=data_len,
-                   container="the data")
+        check_span(
+            f"{path}: tensor {name!r}", offset=begin, length=end - begin, available=data_len, container="the data"
+        )
         spans.append((begin, end, name))
         entries[name] = (dtype, shape, data_start + begin)
     spans.sort()
@@ -154,8 +174,10 @@ class SafetensorsReader:
             for name, file in (index.get("weight_map") or {}).items():
                 where = self._tensors.get(name)
                 if where is None or os.path.basename(where[0]) != file:
-                    raise FormatError(f"{self._index_path()}: weight_map puts {name!r} in {file}, but that file "
-                                      "does not hold it; the index does not match the shards")
+                    raise FormatError(
+                        f"{self._index_path()}: weight_map puts {name!r} in {file}, but that file "
+                        "does not hold it; the index does not match the shards"
+                    )
             metadata = index.get("metadata") or {}
         self._state = _state_from(metadata, self.path)
 
@@ -169,8 +191,9 @@ class SafetensorsReader:
 
     def tensors(self) -> Iterator[TensorInfo]:
         for name, (file, dtype, shape, offset) in self._tensors.items():
-            yield TensorInfo(name, dtype, shape, region_reader(shape, dtype, self._box_reader(name, file, dtype,
-                                                                                              shape, offset)))
+            yield TensorInfo(
+                name, dtype, shape, region_reader(shape, dtype, self._box_reader(name, file, dtype, shape, offset))
+            )
 
     def _box_reader(self, name: str, file: str, dtype: str, shape: tuple[int, ...], offset: int):
         def read(box: Box) -> torch.Tensor:
@@ -263,20 +286,27 @@ def detect(path: str) -> bool:
     return head[8:9] == b"{" and n + 8 <= os.path.getsize(path) and n <= MAX_HEADER_BYTES
 
 
-
 class SafetensorsWriter:
     """Writes shards whose headers are planned up front; tensors go straight to their offsets."""
 
     format = "safetensors"
 
-    def __init__(self, path: str, *, tensors: Sequence[LogicalTensor], overwrite: bool = False,
-                 block_bytes: int | None = None, state: TrainingState | None = None,
-                 shard_size: int | str = DEFAULT_SHARD_BYTES) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        tensors: Sequence[LogicalTensor],
+        overwrite: bool = False,
+        block_bytes: int | None = None,
+        state: TrainingState | None = None,
+        shard_size: int | str = DEFAULT_SHARD_BYTES,
+    ) -> None:
         for t in tensors:
             if t.dtype not in _TO_SAFETENSORS:
                 raise UnsupportedDtypeError(
                     f"tensor {t.name!r} has dtype {t.dtype}, which safetensors cannot store "
-                    f"(it stores {', '.join(sorted(_TO_SAFETENSORS))}); convert to another format")
+                    f"(it stores {', '.join(sorted(_TO_SAFETENSORS))}); convert to another format"
+                )
         self.path = os.fspath(path)
         self._single = self.path.endswith(".safetensors")
         self.takes_files = not self._single  # a folder: config.json and tokenizer files go beside the shards
@@ -289,8 +319,13 @@ class SafetensorsWriter:
         self._left: dict[str, int] = {}
         try:
             for i, shard in enumerate(shards):
-                name = (os.path.basename(self.path) if self._single else
-                        SINGLE_NAME if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+                name = (
+                    os.path.basename(self.path)
+                    if self._single
+                    else SINGLE_NAME
+                    if len(shards) == 1
+                    else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                )
                 self._files.append(self._out.staging if self._single else self._out.join(name))
                 self._write_header(i, shard)
         except BaseException:
@@ -307,7 +342,11 @@ class SafetensorsWriter:
         pos = 0
         for t in shard:
             nbytes = math.prod(t.shape) * _itemsize(t.dtype)
-            header[t.name] = {"dtype": _TO_SAFETENSORS[t.dtype], "shape": list(t.shape), "data_offsets": [pos, pos + nbytes]}
+            header[t.name] = {
+                "dtype": _TO_SAFETENSORS[t.dtype],
+                "shape": list(t.shape),
+                "data_offsets": [pos, pos + nbytes],
+            }
             self._where[t.name] = (index, pos, t)
             self._left[t.name] = nbytes
             pos += nbytes
@@ -351,8 +390,10 @@ class SafetensorsWriter:
 
     def set_state(self, state: TrainingState) -> None:
         if self._single and self._state is not None and state.to_dict() != self._state.to_dict():
-            raise ValueError("a single safetensors file stores the training state in its header, written when the "
-                             "writer was opened: pass the same state= to open_writer")
+            raise ValueError(
+                "a single safetensors file stores the training state in its header, written when the "
+                "writer was opened: pass the same state= to open_writer"
+            )
         self._state = state
 
     def close(self) -> None:
@@ -375,8 +416,10 @@ class SafetensorsWriter:
         metadata: dict[str, Any] = {"total_size": total}
         if state is not None:
             metadata[STATE_KEY] = json.dumps(state.to_dict())
-        index = {"metadata": metadata,
-                 "weight_map": {n: self._names[i] for n, (i, _, _) in sorted(self._where.items())}}
+        index = {
+            "metadata": metadata,
+            "weight_map": {n: self._names[i] for n, (i, _, _) in sorted(self._where.items())},
+        }
         with open(self._out.join(INDEX_NAME), "w", encoding="utf-8") as fh:
             json.dump(index, fh, indent=2)
 
@@ -403,11 +446,12 @@ def _plan_shards(tensors: Sequence[LogicalTensor], shard_bytes: int) -> list[lis
     return [sorted(s, key=lambda t: -_itemsize(t.dtype)) for s in shards]
 
 
-
-FORMAT = register_format(Format(
-    name="safetensors",
-    description="Hugging Face safetensors: a .safetensors file, or a folder of shards with model.safetensors.index.json",
-    detect=detect,
-    open_reader=SafetensorsReader,
-    open_writer=SafetensorsWriter,
-))
+FORMAT = register_format(
+    Format(
+        name="safetensors",
+        description="Hugging Face safetensors: a .safetensors file, or a folder of shards with model.safetensors.index.json",
+        detect=detect,
+        open_reader=SafetensorsReader,
+        open_writer=SafetensorsWriter,
+    )
+)

@@ -42,8 +42,9 @@ class SelectionError(UcpError, ValueError):
     """``only`` names a part the checkpoint does not have."""
 
 
-def select_tensors(infos: Iterable[TensorInfo], only: str | None, *,
-                   where: str = "the checkpoint") -> tuple[list[TensorInfo], tuple[str, ...]]:
+def select_tensors(
+    infos: Iterable[TensorInfo], only: str | None, *, where: str = "the checkpoint"
+) -> tuple[list[TensorInfo], tuple[str, ...]]:
     """``(kept tensors, renamed; names left out)`` for ``only`` (None keeps everything; see the module doc)."""
     infos = list(infos)
     if only is None:
@@ -57,7 +58,7 @@ def select_tensors(infos: Iterable[TensorInfo], only: str | None, *,
         if part == MODEL_PART and "/" not in info.name:
             kept.append(info)
         elif part != MODEL_PART and info.name.startswith(part + "/"):
-            kept.append(dataclasses.replace(info, name=info.name[len(part) + 1:]))
+            kept.append(dataclasses.replace(info, name=info.name[len(part) + 1 :]))
         else:
             left_out.append(info.name)
     if not kept:

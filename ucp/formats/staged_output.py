@@ -34,8 +34,9 @@ def check_destination(path: str, *, overwrite: bool) -> str:
         raise FormatError(f"{path}: this format is written to local paths only; write it locally, then copy it")
     path = path.removeprefix("file://").rstrip("/") or "/"
     if os.path.lexists(path) and not overwrite:
-        raise CheckpointExistsError(f"{path} already exists; choose another destination or pass overwrite=True "
-                                    "(--overwrite)")
+        raise CheckpointExistsError(
+            f"{path} already exists; choose another destination or pass overwrite=True (--overwrite)"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FormatError(f"{path}: the parent directory {parent} does not exist")

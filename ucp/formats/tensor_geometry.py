@@ -85,7 +85,8 @@ class Geometry:
 
     def contiguous(self) -> bool:
         return self.stride == _row_major(self.shape) or all(
-            st == e or size == 1 for st, e, size in zip(self.stride, _row_major(self.shape), self.shape))
+            st == e or size == 1 for st, e, size in zip(self.stride, _row_major(self.shape), self.shape)
+        )
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -124,12 +125,14 @@ def _dtype(what: str, dtype: Any) -> str:
             return name
     except UnsupportedDtypeError:
         pass
-    raise FormatError(f"{what} has dtype {dtype!r}, which is not one ucp reads "
-                      "(bool, integers, floats, bfloat16, float8, complex)")
+    raise FormatError(
+        f"{what} has dtype {dtype!r}, which is not one ucp reads (bool, integers, floats, bfloat16, float8, complex)"
+    )
 
 
-def check_geometry(what: str, *, dtype: Any, shape: Any, stride: Any = None, offset: Any = 0,
-                   available: float) -> Geometry:
+def check_geometry(
+    what: str, *, dtype: Any, shape: Any, stride: Any = None, offset: Any = 0, available: float
+) -> Geometry:
     """The checked geometry of a tensor whose storage holds ``available`` bytes (``what`` names file and tensor).
 
     ``stride`` None means row-major; ``offset`` counts elements of ``dtype`` from the storage's start.
@@ -145,30 +148,35 @@ def check_geometry(what: str, *, dtype: Any, shape: Any, stride: Any = None, off
     if any(s < 0 for s in sizes):
         raise FormatError(f"{what} has negative sizes {list(sizes)} (damaged or hostile file)")
     if any(s < 0 for s in strides):
-        raise FormatError(f"{what} has negative strides {list(strides)}; torch never saves those "
-                          "(damaged or hostile file)")
+        raise FormatError(
+            f"{what} has negative strides {list(strides)}; torch never saves those (damaged or hostile file)"
+        )
     if start is None:
         raise FormatError(f"{what} has storage offset {offset!r}, not an integer (damaged or hostile file)")
     if start < 0:
-        raise FormatError(f"{what} starts at storage offset {start}; offsets are never negative "
-                          "(damaged or hostile file)")
+        raise FormatError(
+            f"{what} starts at storage offset {start}; offsets are never negative (damaged or hostile file)"
+        )
     geometry = Geometry(name, sizes, strides, start)
     if geometry.end > available:
-        raise FormatError(f"{what} needs bytes {start * geometry.itemsize}..{geometry.end} of its storage, which "
-                          f"holds {available} (damaged or truncated file)")
+        raise FormatError(
+            f"{what} needs bytes {start * geometry.itemsize}..{geometry.end} of its storage, which "
+            f"holds {available} (damaged or truncated file)"
+        )
     return geometry
 
 
-def check_span(what: str, *, offset: Any, length: Any, available: int, container: str = "its file"
-               ) -> tuple[int, int]:
+def check_span(what: str, *, offset: Any, length: Any, available: int, container: str = "its file") -> tuple[int, int]:
     """``(offset, length)`` of a byte range that must lie inside the ``available`` bytes of ``container``."""
     start, size = _int(offset), _int(length)
     if start is None or size is None or start < 0 or size < 0:
-        raise FormatError(f"{what} is at bytes {offset!r}+{length!r} of {container}, which is no byte range "
-                          "(damaged or hostile file)")
+        raise FormatError(
+            f"{what} is at bytes {offset!r}+{length!r} of {container}, which is no byte range (damaged or hostile file)"
+        )
     if start + size > available:
-        raise FormatError(f"{what} needs bytes {start}..{start + size} of {container}, which holds {available} "
-                          "(truncated)")
+        raise FormatError(
+            f"{what} needs bytes {start}..{start + size} of {container}, which holds {available} (truncated)"
+        )
     return start, size
 
 
@@ -206,12 +214,20 @@ def check_loaded(file: str, obj: Any, *, file_bytes: int) -> None:
             continue
         what = f"{file}: tensor {path}"
         storage = tensor.untyped_storage().nbytes()
-        geometry = check_geometry(what, dtype=tensor.dtype, shape=tuple(tensor.shape), stride=tensor.stride(),
-                                  offset=tensor.storage_offset(), available=storage)
+        geometry = check_geometry(
+            what,
+            dtype=tensor.dtype,
+            shape=tuple(tensor.shape),
+            stride=tensor.stride(),
+            offset=tensor.storage_offset(),
+            available=storage,
+        )
         if geometry.repeats and geometry.nbytes > max(file_bytes, 1 << 20):
-            raise FormatError(f"{what} is a view of {geometry.stored_nbytes} stored bytes presented as "
-                              f"{list(geometry.shape)} ({geometry.nbytes} bytes, strides {list(geometry.stride)}); "
-                              f"refusing to expand it (save tensor.contiguous() or tensor.clone() instead)")
+            raise FormatError(
+                f"{what} is a view of {geometry.stored_nbytes} stored bytes presented as "
+                f"{list(geometry.shape)} ({geometry.nbytes} bytes, strides {list(geometry.stride)}); "
+                f"refusing to expand it (save tensor.contiguous() or tensor.clone() instead)"
+            )
 
 
 def tag_folder(root: str, tag_file: str) -> str:
@@ -234,11 +250,14 @@ def tag_folder(root: str, tag_file: str) -> str:
     except UnicodeDecodeError:
         tag = None
     if not tag or len(raw) > 4096 or tag in (".", "..") or "/" in tag or "\\" in tag or "\0" in tag:
-        raise FormatError(f"{where} names tag {raw[:80]!r}, which is not one folder name inside {root} "
-                          "(damaged or hostile tag file)")
+        raise FormatError(
+            f"{where} names tag {raw[:80]!r}, which is not one folder name inside {root} (damaged or hostile tag file)"
+        )
     folder = os.path.join(root, tag)
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, os.path.realpath(folder)]) != real_root:
-        raise FormatError(f"{where} names tag {tag!r}, which resolves to {os.path.realpath(folder)}, outside "
-                          f"{root}; refusing to read it")
+        raise FormatError(
+            f"{where} names tag {tag!r}, which resolves to {os.path.realpath(folder)}, outside "
+            f"{root}; refusing to read it"
+        )
     return folder

@@ -43,8 +43,16 @@ import torch
 
 from ucp.dtypes import dtype_name
 from ucp.errors import FormatError, UnsafePickleError
-from ucp.formats.base import (Format, StoredBytes, TensorInfo, TrainingState, expect_block, region_reader, register_format,
-                              slice_region)
+from ucp.formats.base import (
+    Format,
+    StoredBytes,
+    TensorInfo,
+    TrainingState,
+    expect_block,
+    region_reader,
+    register_format,
+    slice_region,
+)
 from ucp.formats.naming import build_tree, split_tree, unplain
 from ucp.formats.rawio import flat_offset, read_box, write_at
 from ucp.formats.staged_output import StagedOutput
@@ -160,12 +168,13 @@ class _Window(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
 
-def _record_offsets(path: str, fh: Any = None, base: int = 0
-                    ) -> tuple[str, dict[str, tuple[int, int, int]], zipfile.ZipFile]:
+def _record_offsets(
+    path: str, fh: Any = None, base: int = 0
+) -> tuple[str, dict[str, tuple[int, int, int]], zipfile.ZipFile]:
     """``(archive prefix, {record name: (data offset, size, compression)}, zip)``: where each record's bytes are.
 
     ``fh`` (a :class:`_Window`) reads a zip stored inside ``path`` from byte ``base`` on; offsets are
@@ -206,8 +215,10 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     # in front of it (the previous chunk's) and read that tensor instead.
     window.seek(max(0, length - 22))
     if length < 22 or window.read(22)[:4] != b"PK\x05\x06":
-        raise FormatError(f"{path}: bytes {start}..{start + length} do not end where a torch.save archive ends "
-                          "(damaged metadata or data file)")
+        raise FormatError(
+            f"{path}: bytes {start}..{start + length} do not end where a torch.save archive ends "
+            "(damaged metadata or data file)"
+        )
     window.seek(0)
     prefix, offsets, archive = _record_offsets(path, window, start)
     try:
@@ -215,8 +226,9 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
     except (zipfile.BadZipFile, EOFError, ValueError, KeyError, zlib.error) as err:
         if isinstance(err, FormatError):
             raise
-        raise FormatError(f"{path}: the tensor saved at byte {start} cannot be read ({type(err).__name__}: {err})"
-                          ) from None
+        raise FormatError(
+            f"{path}: the tensor saved at byte {start} cannot be read ({type(err).__name__}: {err})"
+        ) from None
     finally:
         archive.close()
     if not isinstance(value, LazyTensor):
@@ -231,13 +243,15 @@ def saved_tensor_at(path: str, start: int, length: int, fh: Any) -> tuple[LazyTe
 def checked_tensor(what: str, t: LazyTensor, record_bytes: int) -> LazyTensor:
     """``t`` with its geometry checked (:mod:`ucp.formats.tensor_geometry`) against its storage, which the
     pickle says holds ``storage_numel`` elements and whose record holds ``record_bytes``."""
-    storage = check_geometry(f"{what} (its storage {t.key!r})", dtype=t.storage_dtype, shape=(t.storage_numel,),
-                             available=math.inf)
+    storage = check_geometry(
+        f"{what} (its storage {t.key!r})", dtype=t.storage_dtype, shape=(t.storage_numel,), available=math.inf
+    )
     if storage.nbytes != record_bytes:  # torch.load insists on it too: a record is its storage, no more, no less
-        raise FormatError(f"{what} needs {storage.nbytes} bytes of storage record {t.key!r}, which holds "
-                          f"{record_bytes} (damaged file)")
-    g = check_geometry(what, dtype=t.dtype, shape=t.shape, stride=t.stride, offset=t.offset,
-                       available=storage.nbytes)
+        raise FormatError(
+            f"{what} needs {storage.nbytes} bytes of storage record {t.key!r}, which holds "
+            f"{record_bytes} (damaged file)"
+        )
+    g = check_geometry(what, dtype=t.dtype, shape=t.shape, stride=t.stride, offset=t.offset, available=storage.nbytes)
     return LazyTensor(t.key, t.storage_dtype, storage.numel, g.offset, g.shape, g.stride, g.dtype)
 
 
@@ -253,13 +267,16 @@ class TorchFileReader:
         if _is_zip(self.path):
             prefix, offsets, archive = _record_offsets(self.path)
             if any(n.startswith(prefix + "code/") for n in offsets):
-                raise FormatError(f"{self.path} is a TorchScript archive (torch.jit.save), not a torch.save file; "
-                                  "load it with torch.jit.load and save its state_dict")
+                raise FormatError(
+                    f"{self.path} is a TorchScript archive (torch.jit.save), not a torch.save file; "
+                    "load it with torch.jit.load and save its state_dict"
+                )
             byteorder = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in offsets else "little"
             if byteorder != "little":
                 raise FormatError(f"{self.path} was written on a {byteorder}-endian machine; load and re-save it there")
-            self._records = {name[len(prefix) + 5:]: value for name, value in offsets.items()
-                             if name.startswith(prefix + "data/")}
+            self._records = {
+                name[len(prefix) + 5 :]: value for name, value in offsets.items() if name.startswith(prefix + "data/")
+            }
             try:
                 tree = _LazyUnpickler(io.BytesIO(archive.read(prefix + "data.pkl")), self.path).load()
             except (zipfile.BadZipFile, EOFError, ValueError, zlib.error) as err:
@@ -272,14 +289,18 @@ class TorchFileReader:
             tree = torch_load(self.path, unknown="stand-in")
             check_loaded(self.path, tree, file_bytes=os.path.getsize(self.path))
         self._names, self._state = split_tree(tree, _is_tensor)
-        self._names = {name: self._check_record(name, leaf) if isinstance(leaf, LazyTensor) else leaf
-                       for name, leaf in self._names.items()}
+        self._names = {
+            name: self._check_record(name, leaf) if isinstance(leaf, LazyTensor) else leaf
+            for name, leaf in self._names.items()
+        }
 
     def _check_record(self, name: str, t: LazyTensor) -> LazyTensor:
         record = self._records.get(t.key) if isinstance(t.key, str) else None
         if record is None:
-            raise FormatError(f"{self.path}: tensor {name!r} refers to storage record {t.key!r}, which the archive "
-                              "lacks (damaged file)")
+            raise FormatError(
+                f"{self.path}: tensor {name!r} refers to storage record {t.key!r}, which the archive "
+                "lacks (damaged file)"
+            )
         if record[2] != zipfile.ZIP_STORED:
             raise FormatError(f"{self.path}: storage record {t.key!r} is compressed; torch.save never does that")
         return checked_tensor(f"{self.path}: tensor {name!r}", t, record[1])
@@ -292,14 +313,17 @@ class TorchFileReader:
     def tensors(self) -> Iterator[TensorInfo]:
         for name, leaf in self._names.items():
             if isinstance(leaf, LazyTensor):
-                yield TensorInfo(name, leaf.dtype, leaf.shape,
-                                 region_reader(leaf.shape, leaf.dtype, self._lazy_reader(name, leaf)),
-                                 stored=StoredBytes(leaf.geometry.stored_nbytes, self._stored_reader(name, leaf)))
+                yield TensorInfo(
+                    name,
+                    leaf.dtype,
+                    leaf.shape,
+                    region_reader(leaf.shape, leaf.dtype, self._lazy_reader(name, leaf)),
+                    stored=StoredBytes(leaf.geometry.stored_nbytes, self._stored_reader(name, leaf)),
+                )
             else:
                 if leaf.device.type == "meta":
                     raise FormatError(f"{self.path}: tensor {name!r} was saved on the meta device and has no data")
-                yield TensorInfo(name, dtype_name(leaf.dtype), tuple(leaf.shape),
-                                 partial(_copy_of, leaf))
+                yield TensorInfo(name, dtype_name(leaf.dtype), tuple(leaf.shape), partial(_copy_of, leaf))
 
     def _stored_reader(self, name: str, t: LazyTensor):
         """Reads the storage elements ``t`` uses, from its first to its last (1-d)."""
@@ -362,23 +386,35 @@ def detect(path: str) -> bool:
     return any(n.endswith("/data.pkl") for n in names) and not any("/code/" in n for n in names)
 
 
-
 class TorchFileWriter:
     """Writes one torch.save file: pickle and reserved records first, then each tensor's bytes in place."""
 
     format = "torch"
 
-    def __init__(self, path: str, *, tensors: Sequence[LogicalTensor], overwrite: bool = False,
-                 block_bytes: int | None = None, state: TrainingState | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        tensors: Sequence[LogicalTensor],
+        overwrite: bool = False,
+        block_bytes: int | None = None,
+        state: TrainingState | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self._tensors = {t.name: t for t in tensors}
         state = state if state is not None else TrainingState()
         self._state = state
         names = list(self._tensors)
         flat = all("/" not in n for n in names) and state == TrainingState()
-        tree = _int_ids(build_tree(names, state, lambda n: torch.empty(self._tensors[n].shape,
-                                                                       dtype=getattr(torch, self._tensors[n].dtype)),
-                                   model_root="" if flat else "model", optimizer_root="optimizer"))
+        tree = _int_ids(
+            build_tree(
+                names,
+                state,
+                lambda n: torch.empty(self._tensors[n].shape, dtype=getattr(torch, self._tensors[n].dtype)),
+                model_root="" if flat else "model",
+                optimizer_root="optimizer",
+            )
+        )
         self._out = StagedOutput(self.path, directory=False, overwrite=overwrite)
         try:
             with torch.serialization.skip_data():
@@ -390,8 +426,13 @@ class TorchFileWriter:
             back = TorchFileReader(self._out.staging)
             if set(back._names) != set(names):
                 raise AssertionError(f"torch writer: names do not round-trip: {sorted(set(names) ^ set(back._names))}")
-            self._where = {n: (offsets[prefix + "data/" + t.key][0] + t.offset * getattr(torch, t.dtype).itemsize,
-                               prefix + "data/" + t.key) for n, t in back._names.items()}
+            self._where = {
+                n: (
+                    offsets[prefix + "data/" + t.key][0] + t.offset * getattr(torch, t.dtype).itemsize,
+                    prefix + "data/" + t.key,
+                )
+                for n, t in back._names.items()
+            }
             self._crc = {n: 0 for n in names}
             self._left = {n: math.prod(t.shape) * getattr(torch, t.dtype).itemsize for n, t in self._tensors.items()}
             self._fd = os.open(self._out.staging, os.O_RDWR)
@@ -414,8 +455,9 @@ class TorchFileWriter:
 
     def set_state(self, state: TrainingState) -> None:
         if state.to_dict() != self._state.to_dict():
-            raise ValueError("the torch writer writes the training state when it is opened: pass the same state= "
-                             "to open_writer")
+            raise ValueError(
+                "the torch writer writes the training state when it is opened: pass the same state= to open_writer"
+            )
 
     def close(self) -> None:
         try:
@@ -455,32 +497,32 @@ def _patch_crcs(fd: int, crcs: dict[str, int]) -> None:
     at = tail.rfind(b"PK\x05\x06")
     if at < 0:
         raise FormatError("torch writer: the archive torch.save wrote has no end of central directory")
-    (count,) = struct.unpack("<H", tail[at + 10:at + 12])
-    cd_size, cd_offset = struct.unpack("<II", tail[at + 12:at + 20])
+    (count,) = struct.unpack("<H", tail[at + 10 : at + 12])
+    cd_size, cd_offset = struct.unpack("<II", tail[at + 12 : at + 20])
     if cd_offset == 0xFFFFFFFF or count == 0xFFFF:  # zip64: the locator sits just before the record
         loc = tail.rfind(b"PK\x06\x07", 0, at)
-        (eocd64,) = struct.unpack("<Q", tail[loc + 8:loc + 16])
+        (eocd64,) = struct.unpack("<Q", tail[loc + 8 : loc + 16])
         count, cd_size, cd_offset = struct.unpack("<QQQ", os.pread(fd, 56, eocd64)[32:56])
     directory = os.pread(fd, cd_size, cd_offset)
     pos = 0
     for _ in range(count):
-        if directory[pos:pos + 4] != b"PK\x01\x02":
+        if directory[pos : pos + 4] != b"PK\x01\x02":
             raise FormatError("torch writer: unexpected central directory layout")
-        (flags,) = struct.unpack("<H", directory[pos + 8:pos + 10])
-        n, m, k = struct.unpack("<HHH", directory[pos + 28:pos + 34])
-        name = directory[pos + 46:pos + 46 + n].decode()
+        (flags,) = struct.unpack("<H", directory[pos + 8 : pos + 10])
+        n, m, k = struct.unpack("<HHH", directory[pos + 28 : pos + 34])
+        name = directory[pos + 46 : pos + 46 + n].decode()
         if name in crcs:
             value = struct.pack("<I", crcs[name] & 0xFFFFFFFF)
             os.pwrite(fd, value, cd_offset + pos + 16)
-            (local,) = struct.unpack("<I", directory[pos + 42:pos + 46])
+            (local,) = struct.unpack("<I", directory[pos + 42 : pos + 46])
             if local == 0xFFFFFFFF:
-                local = _zip64_local_offset(directory[pos + 46 + n:pos + 46 + n + m], directory[pos:pos + 46])
+                local = _zip64_local_offset(directory[pos + 46 + n : pos + 46 + n + m], directory[pos : pos + 46])
             if flags & 0x08:  # the CRC follows the data, in a descriptor (what torch.save writes)
                 head = os.pread(fd, 30, local)
                 ln, lm = struct.unpack("<HH", head[26:30])
-                (csize,) = struct.unpack("<I", directory[pos + 20:pos + 24])
+                (csize,) = struct.unpack("<I", directory[pos + 20 : pos + 24])
                 if csize == 0xFFFFFFFF:
-                    csize = _zip64_sizes(directory[pos + 46 + n:pos + 46 + n + m])
+                    csize = _zip64_sizes(directory[pos + 46 + n : pos + 46 + n + m])
                 end = local + 30 + ln + lm + csize
                 os.pwrite(fd, value, end + (4 if os.pread(fd, 4, end) == b"PK\x07\x08" else 0))
             else:
@@ -492,9 +534,9 @@ def _zip64_sizes(extra: bytes) -> int:
     """The compressed size from a zip64 extra field whose sizes are both present (stored records)."""
     i = 0
     while i + 4 <= len(extra):
-        tag, length = struct.unpack("<HH", extra[i:i + 4])
+        tag, length = struct.unpack("<HH", extra[i : i + 4])
         if tag == 1:
-            return struct.unpack("<Q", extra[i + 12:i + 20])[0]
+            return struct.unpack("<Q", extra[i + 12 : i + 20])[0]
         i += 4 + length
     raise FormatError("torch writer: a zip64 entry lacks its sizes")
 
@@ -504,22 +546,23 @@ def _zip64_local_offset(extra: bytes, header: bytes) -> int:
     fields = [v == 0xFFFFFFFF for v in struct.unpack("<II", header[20:28])][::-1]  # uncompressed, compressed
     i = 0
     while i + 4 <= len(extra):
-        tag, length = struct.unpack("<HH", extra[i:i + 4])
+        tag, length = struct.unpack("<HH", extra[i : i + 4])
         if tag == 1:
             skip = 8 * sum(fields)
-            return struct.unpack("<Q", extra[i + 4 + skip:i + 12 + skip])[0]
+            return struct.unpack("<Q", extra[i + 4 + skip : i + 12 + skip])[0]
         i += 4 + length
     raise FormatError("torch writer: a zip64 entry lacks its local header offset")
 
 
-
-FORMAT = register_format(Format(
-    name="torch",
-    description="one torch.save file (.pt/.pth/.bin), read through the restricted unpickler",
-    detect=detect,
-    open_reader=TorchFileReader,
-    open_writer=TorchFileWriter,
-))
+FORMAT = register_format(
+    Format(
+        name="torch",
+        description="one torch.save file (.pt/.pth/.bin), read through the restricted unpickler",
+        detect=detect,
+        open_reader=TorchFileReader,
+        open_writer=TorchFileWriter,
+    )
+)
 
 
 def _copy_of(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:

@@ -96,8 +96,9 @@ class UcpReader:
         manifest = self._reader.manifest
         tree = manifest.states.get(min(manifest.states)) if manifest.states else {}
         tree = _decode(tree) if tree is not None else {}
-        names, self._state = split_tree(tree if isinstance(tree, (dict, list, _Ref)) else {"state": tree},
-                                        lambda v: isinstance(v, _Ref))
+        names, self._state = split_tree(
+            tree if isinstance(tree, (dict, list, _Ref)) else {"state": tree}, lambda v: isinstance(v, _Ref)
+        )
         self._names: dict[str, str] = {}
         if manifest.program is None:
             self._names = {name: ref.key for name, ref in names.items() if ref.key in manifest.tensors}
@@ -110,8 +111,7 @@ class UcpReader:
         entries = self._reader.manifest.tensors
         for name, key in self._names.items():
             entry = entries[key]
-            yield TensorInfo(name, entry.dtype, tuple(entry.shape),
-                             partial(self._reader.read_tensor, key))
+            yield TensorInfo(name, entry.dtype, tuple(entry.shape), partial(self._reader.read_tensor, key))
 
     def state(self) -> TrainingState:
         return self._state
@@ -136,15 +136,23 @@ def detect(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "manifest.json"))
 
 
-
 class UcpWriter:
     """Writes logical tensors (whole or in blocks) as one universal checkpoint."""
 
     format = "ucp"
 
-    def __init__(self, path: str, *, tensors: Sequence[LogicalTensor], overwrite: bool = False,
-                 block_bytes: int | None = None, state: TrainingState | None = None, program: str | None = None,
-                 layout: Layout | str | None = None, storage_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        tensors: Sequence[LogicalTensor],
+        overwrite: bool = False,
+        block_bytes: int | None = None,
+        state: TrainingState | None = None,
+        program: str | None = None,
+        layout: Layout | str | None = None,
+        storage_options: dict | None = None,
+    ) -> None:
         from ucp.writer import CheckpointWriter
 
         self.path = os.fspath(path)
@@ -166,8 +174,11 @@ class UcpWriter:
             self._keys[t.name] = {}
             for i, part in enumerate(parts):
                 key = t.name if len(parts) == 1 else f"{t.name}#{i}"
-                pieces = tuple(ShardPiece(t.name, overlap.relative_to(part), overlap)
-                               for tile in tiles if (overlap := _overlap(part, tile, t.shape)) is not None)
+                pieces = tuple(
+                    ShardPiece(t.name, overlap.relative_to(part), overlap)
+                    for tile in tiles
+                    if (overlap := _overlap(part, tile, t.shape)) is not None
+                )
                 specs[key] = TensorSpec(key, pieces)
                 self._keys[t.name][part] = key
         self._names = list(logical)
@@ -175,9 +186,14 @@ class UcpWriter:
         # every block keeps what it holds within the conversion's budget.
         self._flush_bytes = block_bytes
         self._unflushed = 0
-        self._writer = CheckpointWriter(self.path, spec=FragmentMap(rank=0, logical=logical, tensors=specs),
-                                        overwrite=overwrite, storage_options=storage_options, layout=lay,
-                                        program=bound.record().to_dict() if bound is not None else None)
+        self._writer = CheckpointWriter(
+            self.path,
+            spec=FragmentMap(rank=0, logical=logical, tensors=specs),
+            overwrite=overwrite,
+            storage_options=storage_options,
+            layout=lay,
+            program=bound.record().to_dict() if bound is not None else None,
+        )
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         self.add_region(name, Box.full(tuple(tensor.shape)), tensor)
@@ -230,11 +246,14 @@ def _layout_tilings(program: Any, layout: Layout, logical: dict[str, LogicalTens
     unmapped = [n for n, t in logical.items() if n not in regions and Box.full(t.shape).numel]  # empty: nothing to map
     unknown = [n for n in regions if n not in logical]
     if unmapped or unknown:
-        problems = ([f"it does not map {len(unmapped)} tensor(s) of the source: {', '.join(unmapped[:8])}"]
-                    if unmapped else []) + ([f"it maps tensors the source lacks: {', '.join(unknown[:8])}"]
-                                            if unknown else [])
-        raise FormatError(f"the UCL program does not describe this checkpoint at {layout}: " + "; ".join(problems)
-                          + "; fix the program or convert without --program/--layout")
+        problems = (
+            [f"it does not map {len(unmapped)} tensor(s) of the source: {', '.join(unmapped[:8])}"] if unmapped else []
+        ) + ([f"it maps tensors the source lacks: {', '.join(unknown[:8])}"] if unknown else [])
+        raise FormatError(
+            f"the UCL program does not describe this checkpoint at {layout}: "
+            + "; ".join(problems)
+            + "; fix the program or convert without --program/--layout"
+        )
     out = {}
     for name, found in regions.items():
         if name not in logical or any(isinstance(r, FlatRange) for r in found):
@@ -245,11 +264,12 @@ def _layout_tilings(program: Any, layout: Layout, logical: dict[str, LogicalTens
     return out
 
 
-
-FORMAT = register_format(Format(
-    name="ucp",
-    description="universal checkpoint (manifest.json + zarr v3 fragments); local paths or fsspec URLs",
-    detect=detect,
-    open_reader=UcpReader,
-    open_writer=UcpWriter,
-))
+FORMAT = register_format(
+    Format(
+        name="ucp",
+        description="universal checkpoint (manifest.json + zarr v3 fragments); local paths or fsspec URLs",
+        detect=detect,
+        open_reader=UcpReader,
+        open_writer=UcpWriter,
+    )
+)

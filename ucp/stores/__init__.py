@@ -12,8 +12,17 @@ from ucp.stores.options import DEFAULT_OPTIONS, StoreOptions
 from ucp.stores.protocol import Store
 from ucp.stores.registry import open_store, register_store
 
-__all__ = ["Store", "StoreOptions", "DEFAULT_OPTIONS", "open_store", "register_store", "LocalStore", "FsspecStore",
-           "MemoryStore", "S3Store"]
+__all__ = [
+    "Store",
+    "StoreOptions",
+    "DEFAULT_OPTIONS",
+    "open_store",
+    "register_store",
+    "LocalStore",
+    "FsspecStore",
+    "MemoryStore",
+    "S3Store",
+]
 
 # The stores over fsspec import fsspec and tensorstore (~0.5 s): only when one is asked for,
 # so a process that saves and loads on local disk never pays for them.

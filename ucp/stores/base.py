@@ -45,11 +45,21 @@ class BaseStore:
         self._arrays: Any = None  # a TensorstoreArrays, made when an array first goes through tensorstore
 
     if TYPE_CHECKING:  # each store defines these (see Store); the shared code below calls them
+
         def kind(self) -> str | None: ...
-        def read_range(self, rel: str, start: int, length: int, *,
-                       what: str | None = None) -> tuple[bytes, int | None]: ...
-        def _write_plain(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-                         hasher: Callable[[], Any] | None) -> list[Future]: ...
+        def read_range(
+            self, rel: str, start: int, length: int, *, what: str | None = None
+        ) -> tuple[bytes, int | None]: ...
+        def _write_plain(
+            self,
+            rel: str,
+            array: np.ndarray,
+            *,
+            dtype: str,
+            chunk_rows: int,
+            attributes: dict,
+            hasher: Callable[[], Any] | None,
+        ) -> list[Future]: ...
 
     @property
     def fs(self) -> Any:
@@ -105,8 +115,16 @@ class BaseStore:
         return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
 
     # -- arrays ---------------------------------------------------------------------
-    def write_array(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-                    hasher: Callable[[], Any] | None = None) -> list[Future]:
+    def write_array(
+        self,
+        rel: str,
+        array: np.ndarray,
+        *,
+        dtype: str,
+        chunk_rows: int,
+        attributes: dict,
+        hasher: Callable[[], Any] | None = None,
+    ) -> list[Future]:
         """Write the zarr array ``rel`` holding ``array``: one future per chunk, of its hex digest.
 
         The digest is of the chunk's valid elements, by a streaming hasher from ``hasher()``
@@ -115,15 +133,19 @@ class BaseStore:
         """
         shape = tuple(array.shape)
         if self._writes_plain(array, shape, chunk_rows):
-            return self._write_plain(rel, array, dtype=dtype, chunk_rows=chunk_rows, attributes=attributes,
-                                     hasher=hasher)
-        pieces = [array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array
-                  for i in range(chunk_count(shape, chunk_rows))]
+            return self._write_plain(
+                rel, array, dtype=dtype, chunk_rows=chunk_rows, attributes=attributes, hasher=hasher
+            )
+        pieces = [
+            array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array
+            for i in range(chunk_count(shape, chunk_rows))
+        ]
 
         def job() -> list:
             digests = hexdigests(hasher, pieces)
-            self._ts.write(rel, array, dtype=dtype, chunk_rows=chunk_rows, attributes=attributes,
-                                 delete_existing=self.reused)
+            self._ts.write(
+                rel, array, dtype=dtype, chunk_rows=chunk_rows, attributes=attributes, delete_existing=self.reused
+            )
             return digests
 
         done = self._pool().submit(job)
@@ -133,21 +155,35 @@ class BaseStore:
         """Small one-chunk arrays skip tensorstore everywhere (opening one costs ~0.3 ms)."""
         return array.nbytes <= self.options.small_array_bytes and chunk_count(shape, chunk_rows) <= 1
 
-    def read_chunk(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *,
-                   what: str) -> Future:
+    def read_chunk(
+        self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *, what: str
+    ) -> Future:
         """Start reading chunk ``index`` (along dim 0); a future of its valid rows as a numpy array."""
         from ucp.zarr_array import ZARR_JSON_LIMIT
 
-        return self._pool().submit(self._ts.read_chunk, rel, shape, dtype, index, chunk_rows, what=what,
-                                   zarr_json_limit=ZARR_JSON_LIMIT)
+        return self._pool().submit(
+            self._ts.read_chunk, rel, shape, dtype, index, chunk_rows, what=what, zarr_json_limit=ZARR_JSON_LIMIT
+        )
 
-    def read_chunk_into(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
-                        out: np.ndarray, *, what: str, digest: Callable[[np.ndarray], str] | None = None) -> Future:
+    def read_chunk_into(
+        self,
+        rel: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        index: int,
+        chunk_rows: int,
+        out: np.ndarray,
+        *,
+        what: str,
+        digest: Callable[[np.ndarray], str] | None = None,
+    ) -> Future:
         """Start reading chunk ``index`` into ``out`` (its valid rows, C order); a future of ``digest(out)``."""
         from ucp.zarr_array import ZARR_JSON_LIMIT
 
         def job() -> str | None:
-            chunk = self._ts.read_chunk(rel, shape, dtype, index, chunk_rows, what=what, zarr_json_limit=ZARR_JSON_LIMIT)
+            chunk = self._ts.read_chunk(
+                rel, shape, dtype, index, chunk_rows, what=what, zarr_json_limit=ZARR_JSON_LIMIT
+            )
             # Bytes, not values: ``out`` may view the destination under another dtype of the same size.
             out.reshape(-1).view(np.uint8)[:] = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
             return digest(out) if digest is not None else None
@@ -167,8 +203,9 @@ class BaseStore:
             raise errors.wrong_size(what, self.display(rel, name), size or len(data), expected)
         return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
 
-    def read_packed(self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str,
-                    extent: int) -> np.ndarray:
+    def read_packed(
+        self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str, extent: int
+    ) -> np.ndarray:
         """Read one packed fragment: a byte range of a pack array's only chunk.
 
         The first ``extent`` bytes of the packs read last (as far as the manifest's fragments of
@@ -216,8 +253,10 @@ class BaseStore:
         return self.kind() == "directory" and (self.exists(PARTS_DIR) or self.exists(DATA_DIR))
 
     def _never_committed(self) -> str:
-        return (f"{self.display()} has no committed {MANIFEST_NAME}: a save was started but never committed "
-                "(crashed or still running); load an older checkpoint")
+        return (
+            f"{self.display()} has no committed {MANIFEST_NAME}: a save was started but never committed "
+            "(crashed or still running); load an older checkpoint"
+        )
 
 
 def _then(future: Future, pick: Callable[[Any], Any]) -> Future:

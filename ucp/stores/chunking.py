@@ -1,7 +1,7 @@
 """How many rows go into each chunk of an array ucp writes (tuned by ``StoreOptions.chunk_bytes``).
 
-    >>> chunk_rows_for((1000, 4), 4, chunk_bytes=64)
-    4
+>>> chunk_rows_for((1000, 4), 4, chunk_bytes=64)
+4
 """
 
 from __future__ import annotations
@@ -27,4 +27,3 @@ def chunk_rows_for(shape: tuple[int, ...], itemsize: int, *, chunk_bytes: int | 
     most = max(1, min(rows, shape[0]))
     chunks = -(-shape[0] // most)
     return max(1, -(-shape[0] // chunks))
-

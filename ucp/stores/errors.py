@@ -8,12 +8,15 @@ _RESTORE = "the file is damaged - restore it from a replica or load an older che
 
 
 def missing(what: str, where: str) -> IncompleteCheckpointError:
-    return IncompleteCheckpointError(f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint")
+    return IncompleteCheckpointError(
+        f"{what}: {where} is missing; the checkpoint is incomplete - load an older checkpoint"
+    )
 
 
 def wrong_size(what: str, where: str, found: object, expected: int) -> TruncatedDataError:
-    return TruncatedDataError(f"{what}: {where} is shorter or longer than the manifest says ({found} bytes, expected "
-                              f"{expected}); {_RESTORE}")
+    return TruncatedDataError(
+        f"{what}: {where} is shorter or longer than the manifest says ({found} bytes, expected {expected}); {_RESTORE}"
+    )
 
 
 def too_long(what: str, where: str, limit: int) -> TruncatedDataError:
@@ -21,8 +24,9 @@ def too_long(what: str, where: str, limit: int) -> TruncatedDataError:
 
 
 def short_pack(what: str, where: str, start: int, stop: int, found: int) -> TruncatedDataError:
-    return TruncatedDataError(f"{what}: {where} is shorter than the manifest says (bytes {start}..{stop} wanted, "
-                              f"{found} found); {_RESTORE}")
+    return TruncatedDataError(
+        f"{what}: {where} is shorter than the manifest says (bytes {start}..{stop} wanted, {found} found); {_RESTORE}"
+    )
 
 
 def tensorstore_error(err: ValueError, what: str, where: str) -> Exception:
@@ -30,5 +34,6 @@ def tensorstore_error(err: ValueError, what: str, where: str) -> Exception:
     text = str(err)
     if text.startswith("NOT_FOUND"):
         return missing(what, where)
-    return TruncatedDataError(f"{what}: {where} is shorter or longer than the manifest says "
-                              f"({text.split('[')[0].strip()}); {_RESTORE}")
+    return TruncatedDataError(
+        f"{what}: {where} is shorter or longer than the manifest says ({text.split('[')[0].strip()}); {_RESTORE}"
+    )

@@ -51,8 +51,15 @@ class FsspecStore(BaseStore):
 
     strategy = "marker"
 
-    def __init__(self, url: str, *, storage_options: dict | None = None, options: StoreOptions | None = None,
-                 fs: fsspec.AbstractFileSystem | None = None, root: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict | None = None,
+        options: StoreOptions | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        root: str | None = None,
+    ) -> None:
         if fs is None:
             fs, root = _url_to_fs(url, storage_options)
         elif root is None:
@@ -62,9 +69,14 @@ class FsspecStore(BaseStore):
         self._memory = ts.KvStore.open({"driver": "memory"}, context=self.context).result()
 
     def _tensorstore_arrays(self) -> TensorstoreArrays:
-        return TensorstoreArrays(self.context, lambda rel: {"driver": "memory", "path": rel.strip("/") + "/"},
-                                 display=self.display, after_write=self._flush_memory,
-                                 before_read=self._fetch, after_read=self._drop_fetched)
+        return TensorstoreArrays(
+            self.context,
+            lambda rel: {"driver": "memory", "path": rel.strip("/") + "/"},
+            display=self.display,
+            after_write=self._flush_memory,
+            before_read=self._fetch,
+            after_read=self._drop_fetched,
+        )
 
     # -- names and plain bytes ------------------------------------------------------
     def kind(self) -> str | None:
@@ -116,19 +128,30 @@ class FsspecStore(BaseStore):
             return False  # no exclusive create here
 
     # -- arrays ---------------------------------------------------------------------
-    def _write_plain(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-                     hasher: Callable[[], Any] | None) -> list[Future]:
+    def _write_plain(
+        self,
+        rel: str,
+        array: np.ndarray,
+        *,
+        dtype: str,
+        chunk_rows: int,
+        attributes: dict,
+        hasher: Callable[[], Any] | None,
+    ) -> list[Future]:
         shape = tuple(array.shape)
         array = little_endian(array)
         full = array.itemsize * (chunk_rows * math.prod(max(1, s) for s in shape[1:]) if shape else 1)
-        parts = [(chunk_key(shape, i), array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array)
-                 for i in range(chunk_count(shape, chunk_rows))]
+        parts = [
+            (chunk_key(shape, i), array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array)
+            for i in range(chunk_count(shape, chunk_rows))
+        ]
         self._put_zarr_json(rel, array_metadata(shape, dtype, chunk_rows, attributes))
         self.fs.pipe({self.path(rel, name): part.tobytes() + bytes(full - part.nbytes) for name, part in parts})
         return [done_future(digest) for digest in hexdigests(hasher, [part for _, part in parts])]
 
-    def write_pack(self, rel: str, arrays: list[np.ndarray], *, align: int,
-                   hasher: Callable[[], Any] | None = None) -> Future:
+    def write_pack(
+        self, rel: str, arrays: list[np.ndarray], *, align: int, hasher: Callable[[], Any] | None = None
+    ) -> Future:
         arrays = [little_endian(a) for a in arrays]
         total = sum(a.nbytes + (-a.nbytes % align) for a in arrays)
         self._put_zarr_json(rel, array_metadata((total,), "uint8", total, {"ucp": {"pack": True}}))
@@ -137,8 +160,9 @@ class FsspecStore(BaseStore):
         return done_future(hexdigests(hasher, arrays))
 
     def _put_zarr_json(self, rel: str, metadata: dict) -> None:
-        self.fs.pipe_file(self.path(rel, "zarr.json"),
-                          json.dumps({"zarr_format": 3, "node_type": "array", **metadata}).encode())
+        self.fs.pipe_file(
+            self.path(rel, "zarr.json"), json.dumps({"zarr_format": 3, "node_type": "array", **metadata}).encode()
+        )
 
     def sync(self, under: str = "") -> None:
         """Nothing to do: every put above returned once the store had the bytes."""
@@ -238,5 +262,7 @@ def _url_to_fs(url: str, storage_options: dict | None) -> tuple[fsspec.AbstractF
     try:
         return fsspec.core.url_to_fs(url, **(storage_options or {}))
     except (ValueError, ImportError) as err:  # an unknown protocol, a backend that is not installed
-        raise StorageURLError(f"cannot open {url}: {err}; give a local path or an fsspec URL whose "
-                              "backend is installed (memory://, file://, s3:// with s3fs, ...)") from None
+        raise StorageURLError(
+            f"cannot open {url}: {err}; give a local path or an fsspec URL whose "
+            "backend is installed (memory://, file://, s3:// with s3fs, ...)"
+        ) from None

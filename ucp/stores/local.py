@@ -80,8 +80,12 @@ class LocalStore(BaseStore):
     def _tensorstore_arrays(self) -> TensorstoreArrays:
         from ucp.stores.tensorstore_arrays import TensorstoreArrays
 
-        return TensorstoreArrays(self.context, lambda rel: {"driver": "file", "path": self.path(rel) + "/"},
-                                 display=self.display, before_read=self._check_confined)
+        return TensorstoreArrays(
+            self.context,
+            lambda rel: {"driver": "file", "path": self.path(rel) + "/"},
+            display=self.display,
+            before_read=self._check_confined,
+        )
 
     # -- names and plain bytes ------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -111,7 +115,7 @@ class LocalStore(BaseStore):
         return [os.path.basename(path)] if os.path.lexists(path) else []
 
     def kind(self) -> str | None:
-        """"file", "directory", a phrase for anything else, or None when nothing is there."""
+        """ "file", "directory", a phrase for anything else, or None when nothing is there."""
         try:
             mode = os.stat(self.root).st_mode
         except (FileNotFoundError, NotADirectoryError):
@@ -120,8 +124,12 @@ class LocalStore(BaseStore):
             return "file"
         if stat.S_ISDIR(mode):
             return "directory"
-        return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-                stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a regular file")
+        return {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket",
+        }.get(stat.S_IFMT(mode), "not a regular file")
 
     def makedirs(self) -> None:
         os.makedirs(self.root, exist_ok=True)
@@ -131,8 +139,9 @@ class LocalStore(BaseStore):
 
         ``allowed`` ends the refusal: "... more than the N that {allowed}".
         """
-        return confined.read_inside(self.root, rel, limit=limit, size_limit=limit, real=self._real(),
-                                    allowed=allowed)[0]
+        return confined.read_inside(self.root, rel, limit=limit, size_limit=limit, real=self._real(), allowed=allowed)[
+            0
+        ]
 
     def read_range(self, rel: str, start: int, length: int, *, what: str | None = None) -> tuple[bytes, int | None]:
         """Bytes ``[start, start + length)`` of a file (fewer at its end) and the file's size."""
@@ -158,8 +167,16 @@ class LocalStore(BaseStore):
     def _writes_plain(self, array: np.ndarray, shape: tuple[int, ...], chunk_rows: int) -> bool:
         return self.options.direct_writes or super()._writes_plain(array, shape, chunk_rows)
 
-    def _write_plain(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-                     hasher: Callable[[], Any] | None) -> list[Future]:
+    def _write_plain(
+        self,
+        rel: str,
+        array: np.ndarray,
+        *,
+        dtype: str,
+        chunk_rows: int,
+        attributes: dict,
+        hasher: Callable[[], Any] | None,
+    ) -> list[Future]:
         """Each chunk file written straight from ``array``'s memory by a few threads and fsynced there.
 
         No copy: an edge chunk gets its zero fill by extending the file.
@@ -170,12 +187,21 @@ class LocalStore(BaseStore):
         full = chunk_rows * rest * array.itemsize if shape else array.itemsize
         directory = self._create_array(rel, array_metadata(shape, dtype, chunk_rows, attributes))
         pool = self._pool()
-        return [pool.submit(self._write_file, os.path.join(directory, chunk_key(shape, i)),
-                            [array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array], 1, full, hasher)
-                for i in range(chunk_count(shape, chunk_rows))]
+        return [
+            pool.submit(
+                self._write_file,
+                os.path.join(directory, chunk_key(shape, i)),
+                [array[i * chunk_rows : (i + 1) * chunk_rows] if shape else array],
+                1,
+                full,
+                hasher,
+            )
+            for i in range(chunk_count(shape, chunk_rows))
+        ]
 
-    def write_pack(self, rel: str, arrays: list[np.ndarray], *, align: int,
-                   hasher: Callable[[], Any] | None = None) -> Future:
+    def write_pack(
+        self, rel: str, arrays: list[np.ndarray], *, align: int, hasher: Callable[[], Any] | None = None
+    ) -> Future:
         """Write a pack (docs/FORMAT.md, "Packs"): ``arrays``' bytes back to back, each at a multiple of ``align``.
 
         A future of the list of the arrays' hex digests (Nones without ``hasher``).
@@ -183,8 +209,9 @@ class LocalStore(BaseStore):
         arrays = [little_endian(a) for a in arrays]
         total = sum(a.nbytes + (-a.nbytes % align) for a in arrays)
         directory = self._create_array(rel, array_metadata((total,), "uint8", total, {"ucp": {"pack": True}}))
-        return self._pool().submit(self._write_file, os.path.join(directory, chunk_key((total,), 0)), arrays, align,
-                                   total, hasher, every=True)
+        return self._pool().submit(
+            self._write_file, os.path.join(directory, chunk_key((total,), 0)), arrays, align, total, hasher, every=True
+        )
 
     def _create_array(self, rel: str, metadata: dict) -> str:
         """Write an array's ``zarr.json``; its directory."""
@@ -196,8 +223,16 @@ class LocalStore(BaseStore):
             fh.write(json.dumps({"zarr_format": 3, "node_type": "array", **metadata}).encode())
         return directory
 
-    def _write_file(self, path: str, arrays: list[np.ndarray], align: int, size: int,
-                    hasher: Callable | None, *, every: bool = False) -> Any:
+    def _write_file(
+        self,
+        path: str,
+        arrays: list[np.ndarray],
+        align: int,
+        size: int,
+        hasher: Callable | None,
+        *,
+        every: bool = False,
+    ) -> Any:
         """Write ``arrays`` into one file (each padded to ``align``), zero-filled up to ``size``; fsync it.
 
         Each piece is hashed right before it is written, so the write reads it from cache.
@@ -250,14 +285,25 @@ class LocalStore(BaseStore):
         list(self._pool().map(fsync_path, paths))
 
     # -- reading arrays -------------------------------------------------------------
-    def read_chunk(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *,
-                   what: str) -> Future:
+    def read_chunk(
+        self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *, what: str
+    ) -> Future:
         if not self.options.direct_reads:
             return super().read_chunk(rel, shape, dtype, index, chunk_rows, what=what)
         return self._pool().submit(self._read_direct, rel, shape, dtype, index, chunk_rows, what)
 
-    def read_chunk_into(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
-                        out: np.ndarray, *, what: str, digest: Callable[[np.ndarray], str] | None = None) -> Future:
+    def read_chunk_into(
+        self,
+        rel: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        index: int,
+        chunk_rows: int,
+        out: np.ndarray,
+        *,
+        what: str,
+        digest: Callable[[np.ndarray], str] | None = None,
+    ) -> Future:
         if not self.options.direct_reads:
             return super().read_chunk_into(rel, shape, dtype, index, chunk_rows, out, what=what, digest=digest)
 
@@ -267,8 +313,16 @@ class LocalStore(BaseStore):
 
         return self._pool().submit(job)
 
-    def _read_direct(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
-                     what: str, out: np.ndarray | None = None) -> np.ndarray:
+    def _read_direct(
+        self,
+        rel: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        index: int,
+        chunk_rows: int,
+        what: str,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Only the chunk's valid rows are read (an edge chunk is stored full-size); the file's size is
         checked against the full chunk, so a truncated or padded file is reported."""
         np_dtype = np.dtype(dtype).newbyteorder("<")
@@ -278,14 +332,20 @@ class LocalStore(BaseStore):
             try:
                 out = np.empty((rows,) + rest if shape else (), dtype=np_dtype)
             except MemoryError:  # a chunk the manifest says is larger than this host's memory
-                raise TensorTooLargeError(f"{what}: cannot hold chunk {index} ({rows} rows of {list(rest)} "
-                                          f"{np_dtype.name}) in memory") from None
+                raise TensorTooLargeError(
+                    f"{what}: cannot hold chunk {index} ({rows} rows of {list(rest)} {np_dtype.name}) in memory"
+                ) from None
         full = (chunk_rows * math.prod(max(1, s) for s in rest) if shape else 1) * np_dtype.itemsize
         path = self.path(rel, chunk_key(shape, index))
         try:
-            size, got = confined.read_exact_into(self.root, os.path.join(rel, chunk_key(shape, index)),
-                                                 out.reshape(-1).data.cast("B"), size=full,
-                                                 real=self._real(), what=what)
+            size, got = confined.read_exact_into(
+                self.root,
+                os.path.join(rel, chunk_key(shape, index)),
+                out.reshape(-1).data.cast("B"),
+                size=full,
+                real=self._real(),
+                what=what,
+            )
         except FileNotFoundError:
             raise errors.missing(what, path) from None
         if size != full or got != out.nbytes:
@@ -365,12 +425,17 @@ class LocalStore(BaseStore):
         parent, name = os.path.split(self.root.rstrip(os.sep))
         prefix = f".{name}.ucp-staging-"
         entries = [e for e in os.listdir(parent) if e.startswith(prefix)] if os.path.isdir(parent) else []
-        old = sorted(e for e in entries if e.startswith(prefix + "old-")
-                     and os.path.exists(os.path.join(parent, e, MANIFEST_NAME)))
+        old = sorted(
+            e
+            for e in entries
+            if e.startswith(prefix + "old-") and os.path.exists(os.path.join(parent, e, MANIFEST_NAME))
+        )
         if old and not self.exists():
-            return (f"{self.display()} has no committed {MANIFEST_NAME}: an overwrite was interrupted after moving "
-                    f"the previous checkpoint to {os.path.join(parent, old[-1])}; rename that directory back to "
-                    "recover it")
+            return (
+                f"{self.display()} has no committed {MANIFEST_NAME}: an overwrite was interrupted after moving "
+                f"the previous checkpoint to {os.path.join(parent, old[-1])}; rename that directory back to "
+                "recover it"
+            )
         if entries or self._has_save_traces():
             return self._never_committed()
         return None
@@ -390,8 +455,12 @@ class LocalStore(BaseStore):
                 staged.setdefault(name, []).append(entry)
         recovered = []
         for name, entries in sorted(staged.items()):
-            olds = [os.path.join(self.root, e) for e in entries if e.partition(".ucp-staging-")[2].startswith("old-")
-                    and os.path.isfile(os.path.join(self.root, e, MANIFEST_NAME))]
+            olds = [
+                os.path.join(self.root, e)
+                for e in entries
+                if e.partition(".ucp-staging-")[2].startswith("old-")
+                and os.path.isfile(os.path.join(self.root, e, MANIFEST_NAME))
+            ]
             final = os.path.join(self.root, name)
             if not olds or os.path.lexists(final):
                 continue  # the overwrite committed: the old copies are garbage, swept below

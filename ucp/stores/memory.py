@@ -46,6 +46,8 @@ class MemoryStore(FsspecStore):
             return super().read_file(rel, limit=limit, allowed=allowed)
         data = held.getvalue()
         if len(data) > limit:
-            raise UnsafePathError(f"{self.display(rel)} is not a file of at most {limit} bytes (file, {len(data)} "
-                                  f"bytes), the most that {allowed}; refusing to read it")
+            raise UnsafePathError(
+                f"{self.display(rel)} is not a file of at most {limit} bytes (file, {len(data)} "
+                f"bytes), the most that {allowed}; refusing to read it"
+            )
         return data

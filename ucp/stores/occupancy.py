@@ -51,8 +51,9 @@ def check_replaceable(final: "Store") -> None:
     if existing(final) != "foreign":
         return
     if final.kind() != "directory":
-        raise CheckpointExistsError(f"{final.display()} is a file, not a checkpoint; ucp never replaces one: "
-                                    "remove it or save to a new path")
+        raise CheckpointExistsError(
+            f"{final.display()} is a file, not a checkpoint; ucp never replaces one: remove it or save to a new path"
+        )
     entries = final.listdir()
     shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
     raise CheckpointExistsError(
@@ -93,8 +94,9 @@ def array_entries(manifest: bytes) -> set[str]:
             if "meta" in tops:
                 tops |= {f"r{rank}" for rank in range(int(data["world_size"]))}
         else:
-            tops = {fragment["key"].split("/")[0] for entry in data["tensors"].values()
-                    for fragment in entry["fragments"]}
+            tops = {
+                fragment["key"].split("/")[0] for entry in data["tensors"].values() for fragment in entry["fragments"]
+            }
     except (ValueError, TypeError, KeyError, AttributeError, IndexError):
         return set()
     return {top for top in tops if isinstance(top, str) and _ENTRY.fullmatch(top) and top not in (".", "..")}

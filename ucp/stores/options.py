@@ -91,7 +91,9 @@ class StoreOptions:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise InvalidArgumentError(f"unknown store option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise InvalidArgumentError(
+                f"unknown store option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         return cls(**data)
 
     @classmethod
@@ -103,8 +105,9 @@ class StoreOptions:
             name, sep, raw = item.partition("=")
             name = name.strip()
             if not sep or name not in types:
-                raise InvalidArgumentError(f"store option {item!r} is not NAME=VALUE with a known NAME "
-                                           f"({', '.join(sorted(types))})")
+                raise InvalidArgumentError(
+                    f"store option {item!r} is not NAME=VALUE with a known NAME ({', '.join(sorted(types))})"
+                )
             raw = raw.strip()
             if types[name] == "bool":
                 if raw.lower() not in ("true", "false"):
@@ -119,8 +122,9 @@ class StoreOptions:
 
     def __str__(self) -> str:
         default = DEFAULT_OPTIONS.to_dict()
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                        for k, v in self.to_dict().items() if v != default[k])
+        return ",".join(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.to_dict().items() if v != default[k]
+        )
 
 
 DEFAULT_OPTIONS = StoreOptions()

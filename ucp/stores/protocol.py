@@ -51,17 +51,38 @@ class Store(Protocol):
     def makedirs(self) -> None: ...
 
     # -- zarr arrays ----------------------------------------------------------------
-    def write_array(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-                    hasher: Callable[[], Any] | None = None) -> list[Future]: ...
-    def write_pack(self, rel: str, arrays: list[np.ndarray], *, align: int,
-                   hasher: Callable[[], Any] | None = None) -> Future: ...
-    def read_chunk(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *,
-                   what: str) -> Future: ...
-    def read_chunk_into(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int,
-                        out: np.ndarray, *, what: str, digest: Callable[[np.ndarray], str] | None = None) -> Future: ...
+    def write_array(
+        self,
+        rel: str,
+        array: np.ndarray,
+        *,
+        dtype: str,
+        chunk_rows: int,
+        attributes: dict,
+        hasher: Callable[[], Any] | None = None,
+    ) -> list[Future]: ...
+    def write_pack(
+        self, rel: str, arrays: list[np.ndarray], *, align: int, hasher: Callable[[], Any] | None = None
+    ) -> Future: ...
+    def read_chunk(
+        self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *, what: str
+    ) -> Future: ...
+    def read_chunk_into(
+        self,
+        rel: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        index: int,
+        chunk_rows: int,
+        out: np.ndarray,
+        *,
+        what: str,
+        digest: Callable[[np.ndarray], str] | None = None,
+    ) -> Future: ...
     def read_small(self, rel: str, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray: ...
-    def read_packed(self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str,
-                    extent: int) -> np.ndarray: ...
+    def read_packed(
+        self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str, extent: int
+    ) -> np.ndarray: ...
     def sync(self, under: str = "") -> None: ...
     def close(self) -> None: ...
 

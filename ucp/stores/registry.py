@@ -27,6 +27,7 @@ StoreFactory = Callable[..., Store]
 
 def _lazy(module: str, name: str) -> StoreFactory:
     """A factory that imports its store (and fsspec, tensorstore) when a URL first needs it."""
+
     def factory(url: str, **kwargs) -> Store:
         import importlib
 
@@ -46,8 +47,9 @@ def register_store(protocol: str, factory: StoreFactory) -> None:
     _FACTORIES[protocol] = factory
 
 
-def open_store(url: str | os.PathLike, *, storage_options: dict | None = None,
-               options: StoreOptions | None = None) -> Store:
+def open_store(
+    url: str | os.PathLike, *, storage_options: dict | None = None, options: StoreOptions | None = None
+) -> Store:
     """The store for a local path or an fsspec URL (StorageURLError when there is none)."""
     url = os.fspath(url)
     if not url or "\0" in url:

@@ -34,10 +34,16 @@ _OPEN_ARRAYS = 256
 class TensorstoreArrays:
     """Write whole arrays and read single chunks through tensorstore (blocking calls)."""
 
-    def __init__(self, context: Any, kvstore: Callable[[str], dict], *, display: Callable[..., str],
-                 after_write: Callable[[str], None] | None = None,
-                 before_read: Callable[[str, str, int, str], None] | None = None,
-                 after_read: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        context: Any,
+        kvstore: Callable[[str], dict],
+        *,
+        display: Callable[..., str],
+        after_write: Callable[[str], None] | None = None,
+        before_read: Callable[[str, str, int, str], None] | None = None,
+        after_read: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.context = context
         self._kvstore = kvstore
         self._display = display
@@ -47,8 +53,16 @@ class TensorstoreArrays:
         self._open: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def write(self, rel: str, array: np.ndarray, *, dtype: str, chunk_rows: int, attributes: dict,
-              delete_existing: bool = False) -> None:
+    def write(
+        self,
+        rel: str,
+        array: np.ndarray,
+        *,
+        dtype: str,
+        chunk_rows: int,
+        attributes: dict,
+        delete_existing: bool = False,
+    ) -> None:
         spec = {
             "driver": "zarr3",
             "kvstore": self._kvstore(rel),
@@ -62,8 +76,17 @@ class TensorstoreArrays:
         if self._after_write is not None:
             self._after_write(rel)
 
-    def read_chunk(self, rel: str, shape: tuple[int, ...], dtype: str, index: int, chunk_rows: int, *,
-                   what: str, zarr_json_limit: int) -> np.ndarray:
+    def read_chunk(
+        self,
+        rel: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        index: int,
+        chunk_rows: int,
+        *,
+        what: str,
+        zarr_json_limit: int,
+    ) -> np.ndarray:
         """The valid rows of chunk ``index`` (errors as a plain read of the file would raise)."""
         store = self._opened(rel, shape, dtype, what=what, zarr_json_limit=zarr_json_limit)
         name = chunk_key(shape, index)

@@ -65,8 +65,9 @@ class BoundProgram:
     def record(self) -> ProgramRecord:
         """What a manifest keeps: the program's full text, its parameters and the preset name."""
         params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.params.items()}
-        return ProgramRecord(text=self.program.source, params=params, name=os.path.basename(self.program.filename),
-                             preset=self.preset)
+        return ProgramRecord(
+            text=self.program.source, params=params, name=os.path.basename(self.program.filename), preset=self.preset
+        )
 
     def to_dict(self) -> dict:
         return self.record().to_dict()
@@ -114,8 +115,9 @@ def format_params(params: dict) -> str:
 def _param_word(name: str, text: str):
     if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
         if len(text) > 20:
-            raise UclError(f"program parameter {name}={text[:20]}... is outside UCL's integer range "
-                           "(|value| <= 2**63 - 1)")
+            raise UclError(
+                f"program parameter {name}={text[:20]}... is outside UCL's integer range (|value| <= 2**63 - 1)"
+            )
         return int(text)
     return text
 
@@ -133,7 +135,9 @@ def _short(text: str) -> str:
 
 def preset_names() -> list[str]:
     """The presets shipped in ucp/ucl/presets/ (file names without ``.ucl``)."""
-    return sorted(p.name[:-4] for p in resources.files("ucp.ucl").joinpath("presets").iterdir() if p.name.endswith(".ucl"))
+    return sorted(
+        p.name[:-4] for p in resources.files("ucp.ucl").joinpath("presets").iterdir() if p.name.endswith(".ucl")
+    )
 
 
 def _preset(name: str, params: dict) -> BoundProgram:
@@ -156,15 +160,19 @@ def read_program_file(path: str | os.PathLike) -> str:
     if not stat.S_ISREG(info.st_mode):
         raise UclError(f"UCL program {os.fspath(path)!r} is not a regular file: pass a .ucl text file")
     if info.st_size > MAX_PROGRAM_BYTES:
-        raise UclError(f"UCL program file {os.fspath(path)!r} has {info.st_size} bytes, more than the "
-                       f"{MAX_PROGRAM_BYTES} a program may have: is it a program?")
+        raise UclError(
+            f"UCL program file {os.fspath(path)!r} has {info.st_size} bytes, more than the "
+            f"{MAX_PROGRAM_BYTES} a program may have: is it a program?"
+        )
     with open(path, "rb") as fh:
         data = fh.read(MAX_PROGRAM_BYTES + 1)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UclError(f"UCL program file {os.fspath(path)!r} is not UTF-8 text (byte {err.start} is "
-                       f"{data[err.start]:#04x}): pass a .ucl text file") from None
+        raise UclError(
+            f"UCL program file {os.fspath(path)!r} is not UTF-8 text (byte {err.start} is "
+            f"{data[err.start]:#04x}): pass a .ucl text file"
+        ) from None
 
 
 def load_program(program, **params) -> BoundProgram:
@@ -215,8 +223,10 @@ def _from_record(record: ProgramRecord, params: dict) -> BoundProgram:
     # Manifests written before the record held the text kept a preset reference: "megatron-gpt:heads=8".
     base, _, rest = text.partition(":")
     if base not in preset_names():
-        raise UclError(f"the checkpoint records its UCL program as {_short(text)}, which is neither UCL text nor a "
-                       "preset reference; pass program= (the program it was saved with) to load it under a layout")
+        raise UclError(
+            f"the checkpoint records its UCL program as {_short(text)}, which is neither UCL text nor a "
+            "preset reference; pass program= (the program it was saved with) to load it under a layout"
+        )
     return _preset(base, {**parse_params(rest), **params})
 
 
@@ -254,9 +264,14 @@ def param_conflicts(given: BoundProgram, saved: BoundProgram) -> list[tuple[str,
 
 def with_saved_params(given: BoundProgram, saved: BoundProgram) -> BoundProgram:
     """``given`` with the saved values of the model parameters it leaves without a value of its own."""
-    fill = {n: v for n, v in saved.params.items()
-            if n in given.program.params and n not in given.params and n not in given.program.settings
-            and n not in saved.program.settings}
+    fill = {
+        n: v
+        for n, v in saved.params.items()
+        if n in given.program.params
+        and n not in given.params
+        and n not in given.program.settings
+        and n not in saved.program.settings
+    }
     return BoundProgram(given.program, {**given.params, **fill}, given.preset) if fill else given
 
 
@@ -264,8 +279,9 @@ def _layout(layout) -> Layout:
     return layout if isinstance(layout, Layout) else Layout.parse(str(layout))
 
 
-def spec_for_save(program, layout, rank: int, local: dict, *, params: dict | None = None,
-                  shapes: dict | None = None) -> BoundFragmentMap:
+def spec_for_save(
+    program, layout, rank: int, local: dict, *, params: dict | None = None, shapes: dict | None = None
+) -> BoundFragmentMap:
     """The fragment map of ``rank`` saving ``local`` (key -> (shape, dtype str)).
 
     ``shapes`` (logical name -> LogicalTensor) is needed only by programs whose
@@ -288,6 +304,19 @@ def local_shapes(fmap: FragmentMap) -> dict[str, LocalTensor]:
     raise UclError("local_shapes() needs a map made by ucl.bind.spec_for_load or spec_for_save")
 
 
-__all__ = ["BoundProgram", "LocalTensor", "LogicalTensor", "format_params", "load_program", "local_shapes",
-           "model_params", "param_conflicts", "parse_params", "preset_names", "read_program_file", "spec_for_load",
-           "spec_for_save", "with_saved_params"]
+__all__ = [
+    "BoundProgram",
+    "LocalTensor",
+    "LogicalTensor",
+    "format_params",
+    "load_program",
+    "local_shapes",
+    "model_params",
+    "param_conflicts",
+    "parse_params",
+    "preset_names",
+    "read_program_file",
+    "spec_for_load",
+    "spec_for_save",
+    "with_saved_params",
+]

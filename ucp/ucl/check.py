@@ -49,8 +49,13 @@ class Finding:
     line: int = 0
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "message": self.message, "logical": self.logical, "rank": self.rank,
-                "line": self.line}
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "logical": self.logical,
+            "rank": self.rank,
+            "line": self.line,
+        }
 
 
 @dataclass(frozen=True)
@@ -68,14 +73,21 @@ class CheckReport:
         return not self.findings
 
     def to_dict(self) -> dict:
-        return {"program": self.program, "layout": self.layout, "ok": self.ok, "ranks": self.ranks,
-                "logical_tensors": self.logical_tensors, "local_tensors": self.local_tensors,
-                "findings": [f.to_dict() for f in self.findings],
-                "warnings": [f.to_dict() for f in self.warnings]}
+        return {
+            "program": self.program,
+            "layout": self.layout,
+            "ok": self.ok,
+            "ranks": self.ranks,
+            "logical_tensors": self.logical_tensors,
+            "local_tensors": self.local_tensors,
+            "findings": [f.to_dict() for f in self.findings],
+            "warnings": [f.to_dict() for f in self.warnings],
+        }
 
 
-def check_program(program, layout, logical: dict, *, params: dict | None = None, shapes_roundtrip: bool = True,
-                  progress=None) -> CheckReport:
+def check_program(
+    program, layout, logical: dict, *, params: dict | None = None, shapes_roundtrip: bool = True, progress=None
+) -> CheckReport:
     """Validate ``program`` for ``layout`` over the logical tensors ``logical`` (name -> LogicalTensor).
 
     ``progress(done, total)`` is called after each rank (a CLI draws a bar with it).
@@ -83,16 +95,18 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
     bound = load_program(program, **(params or {}))
     prog = bound.program
     lay = layout if isinstance(layout, Layout) else Layout.parse(str(layout))
-    logical = {n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1])))
-               for n, t in logical.items()}
+    logical = {
+        n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1]))) for n, t in logical.items()
+    }
     findings: list[Finding] = []
     try:
         unmet = unmet_requirements(Context.make(prog, lay, 0, bound.params))
     except UclError as err:
         unmet = [str(err)]
     if unmet:
-        return CheckReport(prog.filename, str(lay), lay.world_size, len(logical), 0,
-                           tuple(Finding("layout", m) for m in unmet))
+        return CheckReport(
+            prog.filename, str(lay), lay.world_size, len(logical), 0, tuple(Finding("layout", m) for m in unmet)
+        )
     regions: dict[str, list] = defaultdict(list)
     owners: dict[str, list] = defaultdict(list)
     groups: dict[frozenset, list] = defaultdict(list)
@@ -122,9 +136,15 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
             else:
                 for name, lt in saved.logical.items():
                     if name in logical and tuple(logical[name].shape) != tuple(lt.shape):
-                        findings.append(Finding(
-                            "shape", f"rank {rank}: local shapes imply {name!r} {tuple(lt.shape)}, the checkpoint "
-                            f"has {tuple(logical[name].shape)} (declare 'size dim D = ...')", name, rank))
+                        findings.append(
+                            Finding(
+                                "shape",
+                                f"rank {rank}: local shapes imply {name!r} {tuple(lt.shape)}, the checkpoint "
+                                f"has {tuple(logical[name].shape)} (declare 'size dim D = ...')",
+                                name,
+                                rank,
+                            )
+                        )
                         saved = fmap  # its pieces assume wrong shapes: judge coverage on the load map
         for key, spec in saved.tensors.items():
             ident = frozenset((p.logical, str(p.target)) for p in spec.pieces)
@@ -138,20 +158,35 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
     for name, lt in logical.items():
         uncovered, overlaps = coverage_gaps(regions.get(name, []), lt.shape)
         if uncovered:
-            findings.append(Finding("coverage", f"{name!r}: {uncovered} element(s) of {tuple(lt.shape)} are "
-                                    "covered by no rank", name))
+            findings.append(
+                Finding(
+                    "coverage", f"{name!r}: {uncovered} element(s) of {tuple(lt.shape)} are covered by no rank", name
+                )
+            )
         for a, b in overlaps[:3]:
             (ra, ka), (rb, kb) = owners[name][a], owners[name][b]
-            findings.append(Finding("overlap", f"{name!r}: rank {ra} {ka!r} and rank {rb} {kb!r} both save "
-                                    "the same elements (declare them replicas)", name, ra))
+            findings.append(
+                Finding(
+                    "overlap",
+                    f"{name!r}: rank {ra} {ka!r} and rank {rb} {kb!r} both save "
+                    "the same elements (declare them replicas)",
+                    name,
+                    ra,
+                )
+            )
     for holders in groups.values():
         declared = {h[3] for h in holders}
         indices = sorted(h[2] for h in holders)
         if declared != {len(holders)} or indices != list(range(len(holders))):
             rank, key = holders[0][0], holders[0][1]
-            findings.append(Finding(
-                "replicas", f"rank {rank} {key!r}: {len(holders)} rank(s) hold these pieces but the specs "
-                f"declare replicas {sorted(declared)} with indices {indices[:8]}", rank=rank))
+            findings.append(
+                Finding(
+                    "replicas",
+                    f"rank {rank} {key!r}: {len(holders)} rank(s) hold these pieces but the specs "
+                    f"declare replicas {sorted(declared)} with indices {indices[:8]}",
+                    rank=rank,
+                )
+            )
     warnings = []
     contexts: list = []
     for rule in prog.rules:
@@ -160,7 +195,13 @@ def check_program(program, layout, logical: dict, *, params: dict | None = None,
         contexts = contexts or [Context.make(prog, lay, r, bound.params) for r in range(lay.world_size)]
         if all(switched_off(rule, ctx) for ctx in contexts):
             continue  # its 'where' turns it off for this layout (e.g. expert rules of a dense model)
-        warnings.append(Finding("unused-rule", f"{prog.where(rule.line)}: rule {rule.local.text!r} matched "
-                                f"nothing on any rank of {lay}", line=rule.line))
-    return CheckReport(prog.filename, str(lay), lay.world_size, len(logical), local_count, tuple(findings),
-                       tuple(warnings))
+        warnings.append(
+            Finding(
+                "unused-rule",
+                f"{prog.where(rule.line)}: rule {rule.local.text!r} matched nothing on any rank of {lay}",
+                line=rule.line,
+            )
+        )
+    return CheckReport(
+        prog.filename, str(lay), lay.world_size, len(logical), local_count, tuple(findings), tuple(warnings)
+    )

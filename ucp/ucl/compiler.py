@@ -55,15 +55,28 @@ class _Instance:
 # --------------------------------------------------------------------------- helpers
 
 
-def _flat_spec(rule: FlatRule, ctx: Context, captures: dict, key: str, members: dict[str, _Instance],
-               dtype_of, shapes_by_name: dict):
+def _flat_spec(
+    rule: FlatRule,
+    ctx: Context,
+    captures: dict,
+    key: str,
+    members: dict[str, _Instance],
+    dtype_of,
+    shapes_by_name: dict,
+):
     env = ctx.env(captures)
     parts, index = ctx.cut(rule.partition_groups)
     pad = rule.pad_multiple.eval_int(env, ctx.functions()) if rule.pad_multiple is not None else 1
     align = rule.align.eval_int(env, ctx.functions()) if rule.align is not None else 1
     order = member_order(rule, members, ctx.params)
-    numel, runs = flat_layout([math.prod(members[k].local_shape) for k in order], parts=parts, index=index,
-                              each=rule.each, pad_multiple=pad, align=align)
+    numel, runs = flat_layout(
+        [math.prod(members[k].local_shape) for k in order],
+        parts=parts,
+        index=index,
+        each=rule.each,
+        pad_multiple=pad,
+        align=align,
+    )
 
     def rename(name: str) -> str:
         out = rule.logical.replace("{name}", name)
@@ -85,8 +98,9 @@ def _flat_spec(rule: FlatRule, ctx: Context, captures: dict, key: str, members: 
     return (numel,), pieces, logical, owners
 
 
-def _finish(ctx: Context, instances: list[_Instance], logical: dict, flats: list, used: set, *,
-            saving: bool) -> BoundFragmentMap:
+def _finish(
+    ctx: Context, instances: list[_Instance], logical: dict, flats: list, used: set, *, saving: bool
+) -> BoundFragmentMap:
     shapes_by_name = {n: t.shape for n, t in logical.items()}
     tensors, local = {}, {}
     holder_cache: dict = {}  # which ranks hold each local tensor's pieces: asked again by the flat buffers
@@ -104,8 +118,13 @@ def _finish(ctx: Context, instances: list[_Instance], logical: dict, flats: list
         tensors[key] = TensorSpec(key, tuple(pieces), replica, replicas, rule.policy)
         local[key] = LocalTensor(key, shape, dtype)
     touched = {p.logical for spec in tensors.values() for p in spec.pieces}
-    fmap = BoundFragmentMap(rank=ctx.rank, logical={n: t for n, t in logical.items() if n in touched},
-                            tensors=tensors, local=local, rules_used=frozenset(used))
+    fmap = BoundFragmentMap(
+        rank=ctx.rank,
+        logical={n: t for n, t in logical.items() if n in touched},
+        tensors=tensors,
+        local=local,
+        rules_used=frozenset(used),
+    )
     fmap.validate()
     return fmap
 
@@ -121,16 +140,19 @@ def _require_layout(ctx: Context) -> None:
 
 def _all_unset_named(compile_fn):
     """A parameter met without a value is reported with every other parameter that lacks one."""
+
     @functools.wraps(compile_fn)
     def run(program: Program, layout: Layout, rank: int, tensors: dict, *, params=None, **kwargs):
         with all_unset_named(program, params):
             return compile_fn(program, layout, rank, tensors, params=params, **kwargs)
+
     return run
 
 
 @_all_unset_named
-def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, params=None,
-                 shapes: dict | None = None) -> BoundFragmentMap:
+def compile_save(
+    program: Program, layout: Layout, rank: int, local: dict, *, params=None, shapes: dict | None = None
+) -> BoundFragmentMap:
     """Save direction. ``local``: key -> (shape, dtype). ``shapes``: logical name -> LogicalTensor
     (only needed for ``virtual`` rules, e.g. ZeRO-3 whose parameters exist only as flat partitions)."""
     ctx = Context.make(program, layout, rank, params)
@@ -170,15 +192,25 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
             used.add(rule.line)
             break
         else:
-            flat = next(((r, c) for r in flat_rules if (c := r.local.match(key, ctx.params)) is not None
-                         and where_ok(r, ctx, ctx.env(c))), None)
+            flat = next(
+                (
+                    (r, c)
+                    for r in flat_rules
+                    if (c := r.local.match(key, ctx.params)) is not None and where_ok(r, ctx, ctx.env(c))
+                ),
+                None,
+            )
             if flat is None:
                 where = f" (rules at lines {blocked} match but their 'where' is false)" if blocked else ""
-                raise UclError(f"{program.filename}: no rule maps local tensor {key!r} on rank {rank} of {layout}{where}")
+                raise UclError(
+                    f"{program.filename}: no rule maps local tensor {key!r} on rank {rank} of {layout}{where}"
+                )
             pending_flat.append((flat[0], flat[1], key, shape, dtype))
     if pending_flat and any(r.virtual and not switched_off(r, ctx) for r in tensor_rules):
         if shapes is None:
-            raise UclError(f"{program.filename}: flat buffers with virtual members need the logical shapes: pass shapes=")
+            raise UclError(
+                f"{program.filename}: flat buffers with virtual members need the logical shapes: pass shapes="
+            )
         virtual = _load_instances(ctx, [r for r in tensor_rules if r.virtual], shapes, set())
         instances += virtual
         for inst in virtual:
@@ -188,7 +220,9 @@ def compile_save(program: Program, layout: Layout, rank: int, local: dict, *, pa
     shapes_by_name = {n: t.shape for n, t in logical.items()}
     for flat_rule, caps, key, shape, dtype in pending_flat:
         members = {i.key: i for i in instances if not i.rule.derived}
-        buf_shape, pieces, flat_logical, owners = _flat_spec(flat_rule, ctx, caps, key, members, lambda _n, d=dtype: d, shapes_by_name)
+        buf_shape, pieces, flat_logical, owners = _flat_spec(
+            flat_rule, ctx, caps, key, members, lambda _n, d=dtype: d, shapes_by_name
+        )
         if buf_shape != shape:
             raise UclError(
                 f"{program.where(flat_rule.line)}: flat buffer {key!r} has shape {shape}, the program computes "
@@ -218,8 +252,11 @@ def _save_shapes(rule: TensorRule, ctx: Context, env, key: str, names: list[str]
         return shapes_
     again, _ = local_geometry(rule, ctx, env, names, shapes_)
     if again != shape:
-        wrong = [(n, i, d, e) for n, i, d, e in zip(names, implied or [None] * len(names), declared,
-                                                    rule.declared_shapes) if d is not None]
+        wrong = [
+            (n, i, d, e)
+            for n, i, d, e in zip(names, implied or [None] * len(names), declared, rule.declared_shapes)
+            if d is not None
+        ]
         name, implied_shape, want, exprs = next(((n, i, d, e) for n, i, d, e in wrong if i != d), wrong[0])
         saying = f"makes logical {name!r} {implied_shape} under the rule's clauses, but " if implied_shape else ""
         raise DeclaredShapeError(
@@ -255,7 +292,9 @@ def _int_candidates(logical: dict) -> int:
 
 def _load_instances(ctx: Context, rules: list, logical: dict, claimed: set) -> list[_Instance]:
     out = []
-    fallback = functools.cache(lambda: _int_candidates(logical))  # a scan of every name: only where a capture is unbounded
+    fallback = functools.cache(
+        lambda: _int_candidates(logical)
+    )  # a scan of every name: only where a capture is unbounded
     for rule in rules:
         caps = rule.local.captures
         text_caps = [c.name for c in caps if c.kind == "text"]
@@ -308,8 +347,9 @@ def compile_load(program: Program, layout: Layout, rank: int, logical: dict, *, 
     """Load direction. ``logical``: name -> LogicalTensor from a checkpoint manifest."""
     ctx = Context.make(program, layout, rank, params)
     _require_layout(ctx)
-    logical = {n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1])))
-               for n, t in logical.items()}
+    logical = {
+        n: (t if isinstance(t, LogicalTensor) else LogicalTensor(n, tuple(t[0]), str(t[1]))) for n, t in logical.items()
+    }
     tensor_rules = [r for r in program.rules if isinstance(r, TensorRule)]
     claimed: set[str] = set()
     instances = _load_instances(ctx, tensor_rules, logical, claimed)
@@ -332,8 +372,10 @@ def compile_load(program: Program, layout: Layout, rank: int, logical: dict, *, 
             shape, pieces, flat_logical, owners = _flat_spec(rule, ctx, values, key, members, dtype_of, shapes_by_name)
             missing = [n for n in flat_logical if n not in logical]
             if missing:
-                raise UclError(f"{program.where(rule.line)}: flat buffer {key!r} needs {missing[:3]} which the "
-                               "checkpoint does not hold")
+                raise UclError(
+                    f"{program.where(rule.line)}: flat buffer {key!r} needs {missing[:3]} which the "
+                    "checkpoint does not hold"
+                )
             dtype = next((logical[p.logical].dtype for p in pieces), "float32")
             flats.append((rule, key, shape, pieces, dtype, owners))
             claimed.add(key)

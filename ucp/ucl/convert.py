@@ -88,8 +88,14 @@ def from_canonical(name: str, tensor: torch.Tensor, bound: BoundProgram) -> tupl
     return name, tensor
 
 
-def convert_names(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], from_program, to_program,
-                  *, from_params: dict | None = None, to_params: dict | None = None) -> dict[str, torch.Tensor]:
+def convert_names(
+    tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    from_program,
+    to_program,
+    *,
+    from_params: dict | None = None,
+    to_params: dict | None = None,
+) -> dict[str, torch.Tensor]:
     """Logical tensors of ``from_program``'s scheme renamed and transformed into ``to_program``'s.
 
     Streams tensor by tensor (pass a generator to keep memory bounded).

@@ -89,11 +89,17 @@ def _check_listable(prog, rule) -> None:
     bounds = bounds_of(rule)
     for cap in rule.local.captures:
         if cap.kind == "text":
-            raise UclError(f"{where}: rule {rule.local.text!r} captures {{{cap.name}*}}, names only a model has; "
-                           "give the logical shapes (--shapes, --against, --model or --hf-config)")
+            raise UclError(
+                f"{where}: rule {rule.local.text!r} captures {{{cap.name}*}}, names only a model has; "
+                "give the logical shapes (--shapes, --against, --model or --hf-config)"
+            )
         if cap.kind in ("int", "optint") and cap.name not in bounds:
-            raise UclError(f"{where}: rule {rule.local.text!r} does not bound {{{cap.name}}} ('where {cap.name} < "
-                           "EXPR'), so its tensors cannot be listed from the program; bound it or give the shapes")
+            raise UclError(
+                f"{where}: rule {rule.local.text!r} does not bound {{{cap.name}}} ('where {cap.name} < "
+                "EXPR'), so its tensors cannot be listed from the program; bound it or give the shapes"
+            )
     if isinstance(rule, TensorRule) and any(s is None for s in rule.declared_shapes):
-        raise UclError(f"{where}: rule {rule.local.text!r} declares no logical shape; add 'shape [...]' (on each "
-                       "'part' line of a fused tensor) or give the shapes")
+        raise UclError(
+            f"{where}: rule {rule.local.text!r} declares no logical shape; add 'shape [...]' (on each "
+            "'part' line of a fused tensor) or give the shapes"
+        )

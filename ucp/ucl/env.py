@@ -1,9 +1,9 @@
 """The values a UCL expression can read: layout variables, parameters, lets and captures.
 
-    >>> from ucp.ucl.parser import parse
-    >>> ctx = Context.make(parse("ucl 1\\nparam heads = 8\\n"), Layout.parse("tp=2,pp=2"), 3)
-    >>> ctx.env()["pp.rank"], ctx.env()["heads"]
-    (1, 8)
+>>> from ucp.ucl.parser import parse
+>>> ctx = Context.make(parse("ucl 1\\nparam heads = 8\\n"), Layout.parse("tp=2,pp=2"), 3)
+>>> ctx.env()["pp.rank"], ctx.env()["heads"]
+(1, 8)
 """
 
 from __future__ import annotations
@@ -61,13 +61,17 @@ def _scalar(program: str, name: str, value):
         return int(value)
     if isinstance(value, int):
         if abs(value) > MAX_INT:
-            raise UclError(f"{program}: parameter {name} = {str(value)[:20]}... is outside UCL's integer range "
-                           "(|value| <= 2**63 - 1)")
+            raise UclError(
+                f"{program}: parameter {name} = {str(value)[:20]}... is outside UCL's integer range "
+                "(|value| <= 2**63 - 1)"
+            )
         return value
     if isinstance(value, str):
         return value
-    raise UclError(f"{program}: parameter {name} is {type(value).__name__} {str(value)[:40]!r}; expected an "
-                   "integer, a word or a list of those")
+    raise UclError(
+        f"{program}: parameter {name} is {type(value).__name__} {str(value)[:40]!r}; expected an "
+        "integer, a word or a list of those"
+    )
 
 
 class Env(dict):
@@ -112,8 +116,9 @@ def all_unset_named(program: Program, given: Mapping | None):
         if not unset:
             raise
         first = str(err).removesuffix(f" ({PARAM_HINT})")
-        raise UnboundNameError(f"{first}; the program's parameters without a value: {', '.join(unset)} "
-                               f"({PARAM_HINT})") from None
+        raise UnboundNameError(
+            f"{first}; the program's parameters without a value: {', '.join(unset)} ({PARAM_HINT})"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,12 @@ class Context:
     def at(self, **coords) -> "Context":
         """The same compile seen from another rank (used to find replicas)."""
         own = self.coords
-        rank = self.layout.rank_of(tp=coords.get("tp", own.tp), cp=coords.get("cp", own.cp),
-                                   dp=coords.get("dp", own.dp), pp=coords.get("pp", own.pp))
+        rank = self.layout.rank_of(
+            tp=coords.get("tp", own.tp),
+            cp=coords.get("cp", own.cp),
+            dp=coords.get("dp", own.dp),
+            pp=coords.get("pp", own.pp),
+        )
         other = Context(self.program, self.layout, self.layout.coords(rank), self.params)
         if "_stages" in self.__dict__:  # a property of the layout and parameters, not of the rank: share it
             other.__dict__["_stages"] = self.__dict__["_stages"]
@@ -203,14 +212,17 @@ class Context:
                     f"the layout has pp*vpp = {stages} stages"
                 )
             if not all(isinstance(x, int) and x >= 0 for x in explicit):
-                raise UclError(f"{self.program.filename}: stage_layers_list must hold layer counts >= 0, "
-                               f"got {list(explicit)[:8]}")
+                raise UclError(
+                    f"{self.program.filename}: stage_layers_list must hold layer counts >= 0, got {list(explicit)[:8]}"
+                )
             sizes = tuple(explicit)
         else:
             layers = self.params.get("num_layers")
             if not isinstance(layers, int) or layers < 0:
-                raise UclError(f"{self.program.filename}: stage_start()/stage_layers() need the parameter num_layers "
-                               f"(an integer >= 0), got {layers!r}")
+                raise UclError(
+                    f"{self.program.filename}: stage_start()/stage_layers() need the parameter num_layers "
+                    f"(an integer >= 0), got {layers!r}"
+                )
             sizes = tuple(split_evenly(layers, stages, s)[1] for s in range(stages))
         starts = tuple(itertools.accumulate(sizes, initial=0))
         if starts[-1] > MAX_INT:
@@ -241,4 +253,3 @@ def unmet_requirements(ctx: Context) -> list[str]:
         message = re.sub(r"\{[^{}]*\}", lambda _m: str(next(values)), req.message)  # noqa: B023 - holes in parse order; re.sub calls it here
         out.append(f"{ctx.program.filename}:{req.line}: {message}")
     return out
-

@@ -71,8 +71,16 @@ class Expr:
             object.__setattr__(self, "code", _compile(self.tree))
 
     def eval(self, env: Mapping[str, object], functions: Mapping[str, Callable] | None = None):
-        scope = {"__builtins__": {}, "ceil_div": _ceil_div, "min": min, "max": max, "len": len,
-                 _ARITH: _arith, **(functions or {}), _ENV: env}
+        scope = {
+            "__builtins__": {},
+            "ceil_div": _ceil_div,
+            "min": min,
+            "max": max,
+            "len": len,
+            _ARITH: _arith,
+            **(functions or {}),
+            _ENV: env,
+        }
         try:
             # The tree was whitelisted by parse_expr, so compiling it runs only index arithmetic.
             return eval(self.code, scope)  # noqa: S307
@@ -81,8 +89,10 @@ class Expr:
         except _Problem as err:
             raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} {err}") from None
         except TypeError as err:  # a comparison or builtin given a word or list where it needs an integer
-            raise UclError(f"{self.where[0]}:{self.where[1]}: {self.text!r} cannot be evaluated ({err}): "
-                           "a parameter has a value of the wrong kind") from None
+            raise UclError(
+                f"{self.where[0]}:{self.where[1]}: {self.text!r} cannot be evaluated ({err}): "
+                "a parameter has a value of the wrong kind"
+            ) from None
         except KeyError as err:  # a name the environment has no value for (the code reads names as env[name])
             missing = str(err.args[0]) if err.args else "?"
             raise UnboundNameError(
@@ -121,7 +131,6 @@ def _arith(symbol: str, a, b) -> int:
     if not -MAX_INT <= value <= MAX_INT:
         raise _Problem(f"leaves UCL's integer range (|value| <= 2**63 - 1): {a} {symbol} {b}")
     return value
-
 
 
 def _depth(node: ast.AST) -> int:
@@ -198,23 +207,48 @@ def parse_expr(text: str, *, where: tuple) -> Expr:
     stripped = text.strip()
     lead = len(text) - len(text.lstrip())
     if not stripped:
-        raise UclSyntaxError("expected an expression, found the end of the line",
-                             filename=filename, line=line, column=column + len(text), source_line=source)
+        raise UclSyntaxError(
+            "expected an expression, found the end of the line",
+            filename=filename,
+            line=line,
+            column=column + len(text),
+            source_line=source,
+        )
     if len(stripped) > MAX_EXPR_CHARS:
-        raise UclSyntaxError(f"expected an expression of at most {MAX_EXPR_CHARS} characters, found "
-                             f"{len(stripped)}", filename=filename, line=line, column=column + lead, source_line=source)
+        raise UclSyntaxError(
+            f"expected an expression of at most {MAX_EXPR_CHARS} characters, found {len(stripped)}",
+            filename=filename,
+            line=line,
+            column=column + lead,
+            source_line=source,
+        )
     try:
         tree = ast.parse(stripped, mode="eval")
     except SyntaxError as err:
         col = column + lead + max((err.offset or 1) - 1, 0)
-        raise UclSyntaxError(f"expected an expression, found {_brief(stripped)}",
-                             filename=filename, line=line, column=col, source_line=source) from None
+        raise UclSyntaxError(
+            f"expected an expression, found {_brief(stripped)}",
+            filename=filename,
+            line=line,
+            column=col,
+            source_line=source,
+        ) from None
     except (RecursionError, MemoryError):  # Python's own parser gives up on deep nesting
-        raise UclSyntaxError("expected an expression, found one nested too deeply", filename=filename, line=line,
-                             column=column + lead, source_line=source) from None
+        raise UclSyntaxError(
+            "expected an expression, found one nested too deeply",
+            filename=filename,
+            line=line,
+            column=column + lead,
+            source_line=source,
+        ) from None
     if _depth(tree.body) > MAX_EXPR_DEPTH:
-        raise UclSyntaxError(f"expected an expression nested at most {MAX_EXPR_DEPTH} deep", filename=filename,
-                             line=line, column=column + lead, source_line=source)
+        raise UclSyntaxError(
+            f"expected an expression nested at most {MAX_EXPR_DEPTH} deep",
+            filename=filename,
+            line=line,
+            column=column + lead,
+            source_line=source,
+        )
     names: set[str] = set()
 
     def bad(node: ast.AST, why: str) -> UclSyntaxError:
@@ -271,5 +305,6 @@ def ceil_to(value: int, multiple: int) -> int:
 __all__ = ["Expr", "parse_expr", "ceil_to", "BUILTINS", "MAX_INT", "PARAM_HINT"]
 
 # How to give a program parameter a value, in Python and on every command that takes a program.
-PARAM_HINT = ("give each a value: ucl.load_program(..., NAME=VALUE), or --param NAME=VALUE to ucp ucl check / "
-              "ucp convert")
+PARAM_HINT = (
+    "give each a value: ucl.load_program(..., NAME=VALUE), or --param NAME=VALUE to ucp ucl check / ucp convert"
+)

@@ -98,8 +98,8 @@ def contiguous_boxes(box: Box, shape: Sequence[int]) -> list[Box]:
 def contiguous_count(box: Box, shape: Sequence[int]) -> int:
     """``len(contiguous_boxes(box, shape))`` without listing them: the runs a box is in its tensor.
 
-        >>> contiguous_count(Box((0, 1), (3, 2)), (4, 4)), contiguous_count(Box((1, 0), (2, 4)), (4, 4))
-        (3, 1)
+    >>> contiguous_count(Box((0, 1), (3, 2)), (4, 4)), contiguous_count(Box((1, 0), (2, 4)), (4, 4))
+    (3, 1)
     """
     if not box.ndim or is_contiguous(box, shape):
         return 1
@@ -107,7 +107,9 @@ def contiguous_count(box: Box, shape: Sequence[int]) -> int:
     return math.prod(box.sizes[:last])
 
 
-def range_pieces(name: str, member: Box, target: Box, member_shape: Sequence[int], member_range: tuple[int, int], buffer_start: int) -> list[tuple[int, ShardPiece]]:
+def range_pieces(
+    name: str, member: Box, target: Box, member_shape: Sequence[int], member_range: tuple[int, int], buffer_start: int
+) -> list[tuple[int, ShardPiece]]:
     """The pieces of a buffer for elements ``member_range`` of one member, inside one of its tensor-rule pieces.
 
     ``member``/``target``: the tensor-rule piece (a box of the member and the equal box of logical
@@ -149,8 +151,10 @@ def compose(
         lb, tb = piece.local, piece.target
         assert isinstance(lb, Box) and isinstance(tb, Box), "tensor rules make box pieces"
         shape = logical_shapes[piece.logical]
-        found += [(pos, new, shape) for pos, new in range_pieces(rename(piece.logical), lb, tb, member_shape,
-                                                                 member_range, buffer_start)]
+        found += [
+            (pos, new, shape)
+            for pos, new in range_pieces(rename(piece.logical), lb, tb, member_shape, member_range, buffer_start)
+        ]
     found.sort(key=lambda item: item[0])
     out: list[ShardPiece] = []
     for _, piece, shape in found:
@@ -161,11 +165,17 @@ def compose(
             run = FlatRange(start, start + target.numel)
             flat = ShardPiece(piece.logical, local, run)
             last = out[-1] if out else None
-            if (last is not None and last.logical == flat.logical and isinstance(last.target, FlatRange)
-                    and isinstance(last.local, FlatRange) and last.local.stop == local.start
-                    and last.target.stop == run.start):
-                out[-1] = ShardPiece(last.logical, FlatRange(last.local.start, local.stop),
-                                     FlatRange(last.target.start, run.stop))
+            if (
+                last is not None
+                and last.logical == flat.logical
+                and isinstance(last.target, FlatRange)
+                and isinstance(last.local, FlatRange)
+                and last.local.stop == local.start
+                and last.target.stop == run.start
+            ):
+                out[-1] = ShardPiece(
+                    last.logical, FlatRange(last.local.start, local.stop), FlatRange(last.target.start, run.stop)
+                )
             else:
                 out.append(flat)
         else:

@@ -171,12 +171,13 @@ def declared_shapes(rule: TensorRule, ctx: Context, env: Env) -> list[Shape | No
             continue
         dims = tuple(e.eval_int(env, ctx.functions()) for e in exprs)
         if any(d < 0 for d in dims):
-            raise UclError(f"{ctx.program.where(rule.line)}: declared shape {_text(exprs)} is {dims}, "
-                           "a negative size")
+            raise UclError(f"{ctx.program.where(rule.line)}: declared shape {_text(exprs)} is {dims}, a negative size")
         for d, e in sizes.items():
             if not rule.scalar and d < len(dims) and e.eval_int(env, ctx.functions()) != dims[d]:
-                raise UclError(f"{ctx.program.where(rule.line)}: 'size dim {d} = {e}' is "
-                               f"{e.eval_int(env, ctx.functions())} but the declared shape {_text(exprs)} has {dims[d]}")
+                raise UclError(
+                    f"{ctx.program.where(rule.line)}: 'size dim {d} = {e}' is "
+                    f"{e.eval_int(env, ctx.functions())} but the declared shape {_text(exprs)} has {dims[d]}"
+                )
         out.append(dims)
     return out
 

@@ -64,32 +64,59 @@ def check_model(program, layout, model: ModelShapes, *, params: dict | None = No
         logical = compile_save(prog, Layout(), 0, local, params=bound.params).logical
     except UclError as err:
         kind = "shape" if isinstance(err, DeclaredShapeError) else "model"
-        return CheckReport(prog.filename, str(lay), lay.world_size, 0, len(local),
-                           (Finding(kind, f"the whole model: {err}"),), warnings)
+        return CheckReport(
+            prog.filename,
+            str(lay),
+            lay.world_size,
+            0,
+            len(local),
+            (Finding(kind, f"the whole model: {err}"),),
+            warnings,
+        )
     report = check_program(bound, lay, logical)
     findings = list(report.findings)
     if model.rank_local is not None and not any(f.kind == "layout" for f in findings):
         findings += _rank_findings(bound, lay, model.rank_local, logical, prefix)
-    return CheckReport(report.program, report.layout, report.ranks, report.logical_tensors, report.local_tensors,
-                       tuple(findings), report.warnings + warnings)
+    return CheckReport(
+        report.program,
+        report.layout,
+        report.ranks,
+        report.logical_tensors,
+        report.local_tensors,
+        tuple(findings),
+        report.warnings + warnings,
+    )
 
 
-def _rank_findings(bound, lay: Layout, rank_local: Callable[[Layout, int], dict[str, LogicalTensor]], logical: dict,
-                   prefix: str) -> list[Finding]:
+def _rank_findings(
+    bound, lay: Layout, rank_local: Callable[[Layout, int], dict[str, LogicalTensor]], logical: dict, prefix: str
+) -> list[Finding]:
     out = []
     for rank in range(lay.world_size):
         local = {prefix + k: (t.shape, t.dtype) for k, t in rank_local(lay, rank).items()}
         try:
             implied = compile_save(bound.program, lay, rank, local, params=bound.params).logical
         except UclError as err:
-            out.append(Finding("shape" if isinstance(err, DeclaredShapeError) else "model",
-                               f"rank {rank}: the model's own shards: {err}", rank=rank))
+            out.append(
+                Finding(
+                    "shape" if isinstance(err, DeclaredShapeError) else "model",
+                    f"rank {rank}: the model's own shards: {err}",
+                    rank=rank,
+                )
+            )
             continue
         for name, lt in implied.items():
             if name in logical and tuple(lt.shape) != tuple(logical[name].shape):
-                out.append(Finding("model", f"rank {rank}: the model's own shard of {name!r} makes it "
-                                   f"{tuple(lt.shape)} under the program, the model has {tuple(logical[name].shape)} "
-                                   "(the program splits it differently from the model)", name, rank))
+                out.append(
+                    Finding(
+                        "model",
+                        f"rank {rank}: the model's own shard of {name!r} makes it "
+                        f"{tuple(lt.shape)} under the program, the model has {tuple(logical[name].shape)} "
+                        "(the program splits it differently from the model)",
+                        name,
+                        rank,
+                    )
+                )
     return out
 
 
@@ -106,8 +133,10 @@ def model_from_factory(spec: str) -> ModelShapes:
     takes = inspect.signature(factory).parameters
     rank_local = None
     if "layout" in takes and "rank" in takes:
+
         def rank_local(layout: Layout, rank: int) -> dict[str, LogicalTensor]:
             return _shapes(_on_meta(lambda: factory(layout=layout, rank=rank)), spec)
+
     return ModelShapes(whole, rank_local)
 
 
@@ -200,8 +229,14 @@ def hf_config(path: str) -> ModelShapes:
 
 
 # Styles of transformers' tensor parallelism (distributed/tensor_parallel.py) -> the dimension each cuts.
-_REPLICATED = ("replicate", "replicated_with_grad_allreduce", "sequence_parallel", "all_reduce", "local_params",
-               "moe_identity_expert")
+_REPLICATED = (
+    "replicate",
+    "replicated_with_grad_allreduce",
+    "sequence_parallel",
+    "all_reduce",
+    "local_params",
+    "moe_identity_expert",
+)
 
 
 def _style_dim(style: str, name: str, ndim: int) -> int | None | str:

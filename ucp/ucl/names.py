@@ -19,12 +19,14 @@ from ucp.ucl.errors import UclSyntaxError
 from ucp.ucl.expr import Expr
 from ucp.ucl.program import FlatRule, TensorRule
 
-LAYOUT_NAMES = frozenset({f"{g}.{a}" for g in ("tp", "cp", "dp", "pp", "ep", "edp") for a in ("size", "rank")}
-                         | {"vpp.size", "zero.stage"})
+LAYOUT_NAMES = frozenset(
+    {f"{g}.{a}" for g in ("tp", "cp", "dp", "pp", "ep", "edp") for a in ("size", "rank")} | {"vpp.size", "zero.stage"}
+)
 
 
-def check_names(rules: list, params: dict, lets: dict, requires: list, views: list, *, lines: list[str],
-                filename: str) -> None:
+def check_names(
+    rules: list, params: dict, lets: dict, requires: list, views: list, *, lines: list[str], filename: str
+) -> None:
     """Raise UclSyntaxError at the first expression that reads a name without a value there."""
     _check_param_names(params)
     _check_let_names(rules, params, lets)
@@ -39,8 +41,13 @@ def _unknown(expr: Expr, known: set, message: str) -> None:
     if unknown:
         filename, line, column, source = expr.where
         column += max(expr.text.find(unknown[0]), 0)  # the caret under the name itself
-        raise UclSyntaxError(message.format(name=unknown[0], text=expr.text), filename=filename, line=line,
-                             column=column, source_line=source)
+        raise UclSyntaxError(
+            message.format(name=unknown[0], text=expr.text),
+            filename=filename,
+            line=line,
+            column=column,
+            source_line=source,
+        )
 
 
 def _check_param_names(params: dict) -> None:
@@ -48,9 +55,12 @@ def _check_param_names(params: dict) -> None:
     seen: set = set()
     for name, default in params.items():
         if isinstance(default, Expr):
-            _unknown(default, seen | LAYOUT_NAMES,
-                     "unknown name {name!r} in {text!r}: a parameter's default may read the parameters declared "
-                     "above it and layout variables (tp.size, pp.size, ...)")
+            _unknown(
+                default,
+                seen | LAYOUT_NAMES,
+                "unknown name {name!r} in {text!r}: a parameter's default may read the parameters declared "
+                "above it and layout variables (tp.size, pp.size, ...)",
+            )
         seen.add(name)
 
 
@@ -58,9 +68,12 @@ def _check_let_names(rules: list, params: dict, lets: dict) -> None:
     """A let reads parameters, lets, layout variables and the captures of the rules that use it."""
     captures = {c.name for r in rules for c in r.local.captures}
     for expr in lets.values():
-        _unknown(expr, set(params) | set(lets) | LAYOUT_NAMES | captures,
-                 "unknown name {name!r} in {text!r}: expected a parameter, a let, a layout variable (tp.rank, "
-                 "pp.size, zero.stage, ...) or a capture of the rules that use this let")
+        _unknown(
+            expr,
+            set(params) | set(lets) | LAYOUT_NAMES | captures,
+            "unknown name {name!r} in {text!r}: expected a parameter, a let, a layout variable (tp.rank, "
+            "pp.size, zero.stage, ...) or a capture of the rules that use this let",
+        )
 
 
 MAX_LET_DEPTH = 32  # lets are evaluated recursively: a chain this long is already unreadable
@@ -82,7 +95,7 @@ def _check_let_depth(lets: dict) -> None:
                     _let_error(lets[name], f"let {name!r} is the end of a chain of more than {MAX_LET_DEPTH} lets")
                 continue
             if child in path:
-                cycle = " -> ".join(path[path.index(child):] + [child])
+                cycle = " -> ".join(path[path.index(child) :] + [child])
                 _let_error(lets[child], f"let {child!r} refers to itself ({cycle})")
             if child not in depth:
                 stack.append((child, iter(sorted(lets[child].names & set(lets)))))
@@ -128,9 +141,12 @@ def _check_rule_names(rules: list, params: dict, lets: dict, lines: list[str], f
         captures = {c.name for c in rule.local.captures}
         allowed = known | set(lets) | captures
         for expr in rule_exprs(rule):
-            _unknown(expr, allowed,
-                     "unknown name {name!r} in {text!r}: expected a parameter, a let, a capture of this rule or a "
-                     "layout variable (tp.rank, pp.size, zero.stage, ...)")
+            _unknown(
+                expr,
+                allowed,
+                "unknown name {name!r} in {text!r}: expected a parameter, a let, a capture of this rule or a "
+                "layout variable (tp.rank, pp.size, zero.stage, ...)",
+            )
             through = let_closure(expr.names, lets) - allowed
             if through:
                 via = sorted(n for n in expr.names & set(lets) if through & let_closure(frozenset({n}), lets))
@@ -138,31 +154,50 @@ def _check_rule_names(rules: list, params: dict, lets: dict, lines: list[str], f
                 raise UclSyntaxError(
                     f"let {via[0]!r} reads {sorted(through)[0]!r}, which is not a capture of the rule at line "
                     f"{rule.line} (its captures: {sorted(captures) or 'none'})",
-                    filename=filename_, line=line, column=column, source_line=source)
+                    filename=filename_,
+                    line=line,
+                    column=column,
+                    source_line=source,
+                )
         where = (filename, rule.line, 1, lines[rule.line - 1] if 0 < rule.line <= len(lines) else "")
         for cap in rule.local.captures:
             if cap.kind == "list" and not isinstance(params.get(cap.list_param, None), tuple):
                 raise UclSyntaxError(
                     f"capture {{{cap.name}:{cap.list_param}}} needs a list parameter {cap.list_param!r}: declare "
-                    f"'param {cap.list_param} = [a, b]'", filename=where[0], line=where[1], column=1,
-                    source_line=where[3])
+                    f"'param {cap.list_param} = [a, b]'",
+                    filename=where[0],
+                    line=where[1],
+                    column=1,
+                    source_line=where[3],
+                )
         if isinstance(rule, FlatRule) and rule.order and not isinstance(params.get(rule.order, None), tuple):
             raise UclSyntaxError(
                 f"'order by {rule.order}' needs a list parameter {rule.order!r} (the members' logical names in "
-                f"the model's order): declare 'param {rule.order} = []'", filename=where[0], line=where[1], column=1,
-                source_line=where[3])
+                f"the model's order): declare 'param {rule.order} = []'",
+                filename=where[0],
+                line=where[1],
+                column=1,
+                source_line=where[3],
+            )
 
 
 def _check_view_names(views: list, params: dict, lets: dict) -> None:
     for view in views:
         if view.rope_heads is not None:
-            _unknown(view.rope_heads, set(params) | set(lets) | LAYOUT_NAMES,
-                     "unknown name {name!r} in {text!r}: expected a parameter or a let")
+            _unknown(
+                view.rope_heads,
+                set(params) | set(lets) | LAYOUT_NAMES,
+                "unknown name {name!r} in {text!r}: expected a parameter or a let",
+            )
 
 
 def _check_require_names(requires: list, params: dict, lets: dict) -> None:
     known = set(params) | set(lets) | LAYOUT_NAMES
     for req in requires:
         for expr in (req.condition, *req.holes):
-            _unknown(expr, known, "unknown name {name!r} in {text!r}: expected a parameter, a let or a layout "
-                     "variable (tp.size, pp.size, zero.stage, ...)")
+            _unknown(
+                expr,
+                known,
+                "unknown name {name!r} in {text!r}: expected a parameter, a let or a layout "
+                "variable (tp.size, pp.size, zero.stage, ...)",
+            )

@@ -173,8 +173,13 @@ def _strip_comment(text: str) -> str:
 def parse(source: str, *, filename: str = "<ucl>") -> Program:
     """Parse UCL source text into a :class:`Program` (see docs/UCL.md)."""
     if len(source) > MAX_SOURCE_CHARS:  # from a file, a string or a manifest: a program is a page, not megabytes
-        raise UclSyntaxError(f"a program has at most {MAX_SOURCE_CHARS} characters, this one {len(source)}",
-                             filename=filename, line=1, column=1, source_line=source[:80])
+        raise UclSyntaxError(
+            f"a program has at most {MAX_SOURCE_CHARS} characters, this one {len(source)}",
+            filename=filename,
+            line=1,
+            column=1,
+            source_line=source[:80],
+        )
     params: dict = {}
     lets: dict = {}
     rules: list = []
@@ -198,12 +203,14 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
                 if fields["logical"] is not None:
                     raise ln.error("a fused tensor names its targets with 'part' lines, not '->'", 0)
                 if "shape" in fields:
-                    raise ln.error("a fused tensor declares each part's shape on its 'part' line: "
-                                   "part NAME shape [...]", 0)
+                    raise ln.error(
+                        "a fused tensor declares each part's shape on its 'part' line: part NAME shape [...]", 0
+                    )
                 fields["fuse"] = Fuse(fuse_dim, fuse_groups, tuple(parts))
             elif fields["logical"] is None:
-                raise ln.error("expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)",
-                               len(ln.text))
+                raise ln.error(
+                    "expected '-> LOGICAL' after the local pattern (or 'fuse' with 'part' lines)", len(ln.text)
+                )
             rules.append(TensorRule(**fields))
         else:
             rules.append(FlatRule(**fields))
@@ -304,12 +311,25 @@ def parse(source: str, *, filename: str = "<ucl>") -> Program:
             _clause(kw, kw_col, ln, current)
     close()
     if not seen_version:
-        raise UclSyntaxError("expected 'ucl 1' as the first statement, found an empty program",
-                             filename=filename, line=1, column=1, source_line="")
+        raise UclSyntaxError(
+            "expected 'ucl 1' as the first statement, found an empty program",
+            filename=filename,
+            line=1,
+            column=1,
+            source_line="",
+        )
     rules = [_analyze_where(r) for r in _expand_alsos(rules, alsos, filename)]
     check_names(rules, params, lets, requires, views, lines=source.splitlines(), filename=filename)
-    return Program(filename=filename, source=source, params=params, lets=lets, rules=tuple(rules), views=tuple(views),
-                   requires=tuple(requires), settings=frozenset(settings))
+    return Program(
+        filename=filename,
+        source=source,
+        params=params,
+        lets=lets,
+        rules=tuple(rules),
+        views=tuple(views),
+        requires=tuple(requires),
+        settings=frozenset(settings),
+    )
 
 
 def _list_item(ln: _Line, text: str, column: int):
@@ -344,8 +364,11 @@ def _refuse_sized_fuse(kw: str, dim: int, kw_col: int, ln: _Line, f: dict) -> No
         clash = f"'fuse dim {dim}' on a dimension the rule pads or sizes ('pad dim {dim}' or 'size dim {dim}' above)"
     else:
         return
-    raise ln.error(f"{clash}: a fused dimension is cut into equal groups of its parts, so it cannot be padded "
-                   "or sized; declare each part's logical shape instead: part NAME shape [...]", kw_col)
+    raise ln.error(
+        f"{clash}: a fused dimension is cut into equal groups of its parts, so it cannot be padded "
+        "or sized; declare each part's logical shape instead: part NAME shape [...]",
+        kw_col,
+    )
 
 
 def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
@@ -375,7 +398,9 @@ def _clause(kw: str, kw_col: int, ln: _Line, current) -> None:
         if "shape" in f:
             raise ln.error("the rule declares its shape twice", kw_col)
         if f.get("fuse") is not None:
-            raise ln.error("a fused tensor declares each part's shape on its 'part' line: part NAME shape [...]", kw_col)
+            raise ln.error(
+                "a fused tensor declares each part's shape on its 'part' line: part NAME shape [...]", kw_col
+            )
         f["shape"] = ln.shape("shape")
         ln.end("shape [...]")
     elif kw in ("split", "pad", "size", "fuse"):
@@ -435,8 +460,11 @@ def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
     tensors = sum(isinstance(r, TensorRule) for r in rules)
     if len(rules) + tensors * len(alsos) > MAX_RULES:
         number, *_, ln = alsos[-1]
-        raise ln.error(f"the program expands to {len(rules) + tensors * len(alsos)} rules ({tensors} tensor rules x "
-                       f"{len(alsos)} 'also' lines), more than the {MAX_RULES} a program may have", 0)
+        raise ln.error(
+            f"the program expands to {len(rules) + tensors * len(alsos)} rules ({tensors} tensor rules x "
+            f"{len(alsos)} 'also' lines), more than the {MAX_RULES} a program may have",
+            0,
+        )
     out = list(rules)
     for number, local_t, logical_t, scalar, where, ln in alsos:
         for rule in rules:
@@ -446,15 +474,20 @@ def _expand_alsos(rules: list, alsos: list, filename: str) -> list:
             local = parse_pattern(local_t.replace("{key}", rule.local.text), where=src, local=True)
             if rule.fuse is not None and not scalar:
                 parts = tuple(
-                    Part(parse_pattern(logical_t.replace("{name}", p.logical.text), where=src, local=False), p.weight,
-                         p.shape)
+                    Part(
+                        parse_pattern(logical_t.replace("{name}", p.logical.text), where=src, local=False),
+                        p.weight,
+                        p.shape,
+                    )
                     for p in rule.fuse.parts
                 )
                 fields: dict[str, Any] = {"logical": None, "fuse": Fuse(rule.fuse.dim, rule.fuse.groups, parts)}
             else:
                 first = rule.targets[0].text
-                fields = {"logical": parse_pattern(logical_t.replace("{name}", first), where=src, local=False),
-                          "fuse": None}
+                fields = {
+                    "logical": parse_pattern(logical_t.replace("{name}", first), where=src, local=False),
+                    "fuse": None,
+                }
             if scalar:
                 fields.update(splits=(), pads=(), sizes=(), scalar=True, shape=())
             extra = (where,) if where is not None else ()
@@ -470,9 +503,14 @@ def _analyze_where(rule):
         nodes = body.values if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) else [body]
         for node in nodes:
             conjuncts.append(Expr(ast.unparse(node), ast.Expression(node), w.names, w.where))
-            if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Name)
-                    and isinstance(node.ops[0], (ast.Lt, ast.LtE))):
+            if (
+                isinstance(node, ast.Compare)
+                and len(node.ops) == 1
+                and isinstance(node.left, ast.Name)
+                and isinstance(node.ops[0], (ast.Lt, ast.LtE))
+            ):
                 limit = ast.Expression(node.comparators[0])
-                bounds.append((node.left.id, Expr(ast.unparse(limit), limit, w.names, w.where),
-                               isinstance(node.ops[0], ast.LtE)))
+                bounds.append(
+                    (node.left.id, Expr(ast.unparse(limit), limit, w.names, w.where), isinstance(node.ops[0], ast.LtE))
+                )
     return dataclasses.replace(rule, conjuncts=tuple(conjuncts), bounds=tuple(bounds))

@@ -98,7 +98,9 @@ class Pattern:
             values[cap.name] = value
         return values
 
-    def format(self, env: Mapping[str, object], functions: Mapping[str, Callable], *, omit: frozenset = frozenset()) -> str:
+    def format(
+        self, env: Mapping[str, object], functions: Mapping[str, Callable], *, omit: frozenset = frozenset()
+    ) -> str:
         out = []
         for p in self.parts:
             if isinstance(p, str):
@@ -120,8 +122,9 @@ def parse_pattern(text: str, *, where: tuple, local: bool) -> Pattern:
         start = text.find("{", pos)
         close_stray = text.find("}", pos)
         if close_stray != -1 and (start == -1 or close_stray < start):
-            raise UclSyntaxError("expected '{' before '}'", filename=filename, line=line,
-                                 column=column + close_stray, source_line=source)
+            raise UclSyntaxError(
+                "expected '{' before '}'", filename=filename, line=line, column=column + close_stray, source_line=source
+            )
         if start == -1:
             parts.append(text[pos:])
             break
@@ -129,8 +132,9 @@ def parse_pattern(text: str, *, where: tuple, local: bool) -> Pattern:
             parts.append(text[pos:start])
         end = text.find("}", start)
         if end == -1:
-            raise UclSyntaxError("expected '}' to close '{'", filename=filename, line=line,
-                                 column=column + start, source_line=source)
+            raise UclSyntaxError(
+                "expected '}' to close '{'", filename=filename, line=line, column=column + start, source_line=source
+            )
         body = text[start + 1 : end]
         col = column + start + 1
         if local:
@@ -138,7 +142,11 @@ def parse_pattern(text: str, *, where: tuple, local: bool) -> Pattern:
             if not m:
                 raise UclSyntaxError(
                     f"expected a capture like {{i}}, {{v?}}, {{s:states}} or {{name*}}, found {{{body}}}",
-                    filename=filename, line=line, column=col, source_line=source)
+                    filename=filename,
+                    line=line,
+                    column=col,
+                    source_line=source,
+                )
             kind = "optint" if m["opt"] else "text" if m["star"] else "list" if m["list"] else "int"
             parts.append(Capture(m["name"], kind, m["list"] or ""))
         else:

@@ -37,7 +37,9 @@ def _rank_names(rules: list, program: Program) -> tuple[str, ...]:
     names: set[str] = set()
     for rule in rules:
         names |= {n for n in _rule_names(program, rule) if n in LAYOUT_NAMES and n.endswith(".rank")}
-        groups = [g for s in getattr(rule, "splits", ()) for g in s.groups] + list(getattr(rule, "partition_groups", ()))
+        groups = [g for s in getattr(rule, "splits", ()) for g in s.groups] + list(
+            getattr(rule, "partition_groups", ())
+        )
         names |= {f"{g}.rank" for g in groups}
     return tuple(sorted(names))
 
@@ -98,8 +100,9 @@ def _by_rank_values(ctx: Context, dim: str, reads: tuple[str, ...], cache: dict)
     return cache[("groups", dim, reads)]
 
 
-def replication(rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list,
-                cache: dict | None = None) -> tuple[int, int]:
+def replication(
+    rule, ctx: Context, captures: dict, shapes_by_name: dict, pieces: list, cache: dict | None = None
+) -> tuple[int, int]:
     """(replica, replicas): the ranks that hold exactly these pieces under this rule."""
     over = getattr(rule, "replicate_over", None)
     dims = ("tp", "cp", "dp", "pp") if over is None else tuple(dict.fromkeys(GROUP_DIM[g] for g in over))
@@ -117,8 +120,11 @@ def _peers(program: Program, rule) -> list:
     if not isinstance(rule, TensorRule):
         return []
     texts = {t.text for t in rule.targets}
-    return [r for r in program.rules if isinstance(r, TensorRule) and r is not rule and not r.virtual
-            and texts & {t.text for t in r.targets}]
+    return [
+        r
+        for r in program.rules
+        if isinstance(r, TensorRule) and r is not rule and not r.virtual and texts & {t.text for t in r.targets}
+    ]
 
 
 def _same_pieces(rule, ctx: Context, captures: dict, shapes_by_name: dict, own: set) -> bool:

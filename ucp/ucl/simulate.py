@@ -21,8 +21,14 @@ from ucp.ucl.compiler import BoundFragmentMap
 from ucp.errors import CoverageError, ReplicaMismatchError
 from ucp.geometry import Box
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "float16": torch.float16, "int64": torch.int64, "int32": torch.int32}
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+}
 
 
 def _views(local: torch.Tensor, logical: torch.Tensor, piece):
@@ -107,8 +113,9 @@ def place(program, layout, tensors: dict[str, torch.Tensor], *, params: dict | N
     for rank in range(lay.world_size):
         loaded = spec_for_load(bound, lay, rank, meta)
         local = scatter(tensors, loaded)
-        saved = spec_for_save(bound, lay, rank, {k: (tuple(v.shape), str(v.dtype)) for k, v in local.items()},
-                              shapes=meta)
+        saved = spec_for_save(
+            bound, lay, rank, {k: (tuple(v.shape), str(v.dtype)) for k, v in local.items()}, shapes=meta
+        )
         diff = [k for k in loaded.tensors if not _agree(saved.tensors.get(k), loaded.tensors[k])]
         if diff or set(saved.tensors) != set(loaded.tensors):
             raise UclError(f"rank {rank} of {lay}: save and load directions disagree on {diff[:3]}")
@@ -121,6 +128,10 @@ def _agree(saved, loaded) -> bool:
     """A save map may leave out pieces another rank saves (replicated members of a flat buffer)."""
     if saved is None:
         return False
-    same = (saved.key, saved.replica, saved.replicas, saved.policy) == (loaded.key, loaded.replica,
-                                                                        loaded.replicas, loaded.policy)
+    same = (saved.key, saved.replica, saved.replicas, saved.policy) == (
+        loaded.key,
+        loaded.replica,
+        loaded.replicas,
+        loaded.policy,
+    )
     return same and set(saved.pieces) <= set(loaded.pieces)

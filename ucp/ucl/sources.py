@@ -37,10 +37,11 @@ def read_shapes(path: str) -> dict[str, LogicalTensor]:
         else:
             shape, dtype = value, "float32"
         if not isinstance(shape, list) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_INT for s in shape):
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_INT for s in shape
+        ):
             raise UclError(f"{path}: tensor {name!r}: expected a shape like [4, 8], got {_brief(shape)}")
         if not isinstance(dtype, str):
-            raise UclError(f"{path}: tensor {name!r}: expected a dtype name like \"float32\", got {_brief(dtype)}")
+            raise UclError(f'{path}: tensor {name!r}: expected a dtype name like "float32", got {_brief(dtype)}')
         out[name] = LogicalTensor(name, tuple(shape), dtype)
     return out
 

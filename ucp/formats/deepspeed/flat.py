@@ -54,8 +54,13 @@ class Fragment:
         return self.stop - self.start
 
 
-def zero12_fragments(groups: Sequence[Sequence[tuple[str, int]]], paddings: Sequence[Sequence[int]], *, dp: int,
-                     partition_sizes: Sequence[int]) -> dict[str, list[Fragment]]:
+def zero12_fragments(
+    groups: Sequence[Sequence[tuple[str, int]]],
+    paddings: Sequence[Sequence[int]],
+    *,
+    dp: int,
+    partition_sizes: Sequence[int],
+) -> dict[str, list[Fragment]]:
     """Every parameter's fragments under ZeRO-1/2: ``groups[g]`` = (name, numel) in flat order.
 
     ``paddings[g][i]`` is the alignment padding after parameter ``i`` of group ``g``;
@@ -100,8 +105,14 @@ def zero3_rank_sizes(sub_groups: Sequence[Sequence[tuple[str, int]]], *, dp: int
     return [sum(math.ceil(numel / dp) for _, numel in params) for params in sub_groups]
 
 
-def read_region(shape: Sequence[int], dtype: torch.dtype, runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]],
-                region: Region | None, *, mapped: bool = False) -> torch.Tensor:
+def read_region(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]],
+    region: Region | None,
+    *,
+    mapped: bool = False,
+) -> torch.Tensor:
     """``region`` of a ``shape`` tensor whose flattening is tiled by ``runs``: (range, fetch the run's 1-d data).
 
     Only the runs that overlap the region are fetched. Returns the whole tensor
@@ -118,9 +129,14 @@ def read_region(shape: Sequence[int], dtype: torch.dtype, runs: Sequence[tuple[F
             release_pages(view)
 
 
-def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
-              runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]], region: Region | None,
-              fetched: list[torch.Tensor]) -> torch.Tensor:
+def _assemble(
+    shape: tuple[int, ...],
+    total: int,
+    dtype: torch.dtype,
+    runs: Sequence[tuple[FlatRange, Callable[[], torch.Tensor]]],
+    region: Region | None,
+    fetched: list[torch.Tensor],
+) -> torch.Tensor:
     if region is None or isinstance(region, FlatRange):
         lo, hi = (0, total) if region is None else (region.start, region.stop)
         if hi > total:
@@ -131,7 +147,7 @@ def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
             if a < b:
                 run = fetch()
                 fetched.append(run)
-                out[a - lo:b - lo].copy_(run[a - rng.start:b - rng.start])
+                out[a - lo : b - lo].copy_(run[a - rng.start : b - rng.start])
         return out.view(shape) if region is None else out
     out = torch.empty(region.sizes, dtype=dtype)
     ops = plan_overlaps([rng for rng, _ in runs], region, shape)
@@ -143,7 +159,7 @@ def _assemble(shape: tuple[int, ...], total: int, dtype: torch.dtype,
         data = by_source[op.source]
         span = op.src.span
         assert span is not None, "a flat source's pieces have spans"
-        src = data[span.start:span.stop].view(op.src.box.sizes)[op.overlap.relative_to(op.src.box).slices()]
+        src = data[span.start : span.stop].view(op.src.box.sizes)[op.overlap.relative_to(op.src.box).slices()]
         out[op.overlap.relative_to(region).slices()] = src
     return out
 
@@ -156,7 +172,7 @@ def read_dense(tensor: torch.Tensor, region: Region | None, *, mapped: bool = Fa
     elif isinstance(region, Box):
         out = tensor[region.slices()].clone()
     else:
-        out = tensor.reshape(-1)[region.start:region.stop].clone()
+        out = tensor.reshape(-1)[region.start : region.stop].clone()
     if mapped and tensor.is_contiguous():
         release_pages(tensor)
     return out

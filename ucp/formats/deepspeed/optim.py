@@ -53,8 +53,10 @@ class ZeroOptimizerFiles:
         ranks = sorted(files)
         if ranks != list(range(len(ranks))):
             missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
-            raise FormatError(f"{os.path.dirname(files[ranks[0]])}: optimizer files of data-parallel rank(s) "
-                              f"{missing} are missing (found ranks {ranks})")
+            raise FormatError(
+                f"{os.path.dirname(files[ranks[0]])}: optimizer files of data-parallel rank(s) "
+                f"{missing} are missing (found ranks {ranks})"
+            )
         self.files = files
         self.dp = len(ranks)
         self._open: dict[int, dict] = {}
@@ -63,7 +65,9 @@ class ZeroOptimizerFiles:
         self.stage = zero_stage_of(first, files[0])
         self.param_shapes = [dict(group) for group in param_shapes]
         self.groups = [[(name, _numel(shape)) for name, shape in group.items()] for group in self.param_shapes]
-        self.shapes = {name: tuple(int(s) for s in shape) for group in self.param_shapes for name, shape in group.items()}
+        self.shapes = {
+            name: tuple(int(s) for s in shape) for group in self.param_shapes for name, shape in group.items()
+        }
         if self.stage <= 2:
             self._init_zero12(first)
         else:
@@ -77,12 +81,16 @@ class ZeroOptimizerFiles:
         counts = osd.get("partition_count")
         counts = counts if isinstance(counts, list) else [counts] * len(self.groups)
         if any(c not in (None, self.dp) for c in counts):
-            raise FormatError(f"{self.files[0]}: partition_count {counts} but {self.dp} optimizer files were found; "
-                              "a file is missing or another checkpoint's file is mixed in")
+            raise FormatError(
+                f"{self.files[0]}: partition_count {counts} but {self.dp} optimizer files were found; "
+                "a file is missing or another checkpoint's file is mixed in"
+            )
         fp32 = self._flat_list(0, FP32)
         if len(fp32) != len(self.groups):
-            raise FormatError(f"{self.files[0]}: {len(fp32)} flat fp32 groups but the model states list "
-                              f"{len(self.groups)} param groups")
+            raise FormatError(
+                f"{self.files[0]}: {len(fp32)} flat fp32 groups but the model states list "
+                f"{len(self.groups)} param groups"
+            )
         paddings = osd.get("param_alignment_paddings") or [[0] * len(g) for g in self.groups]
         self._paddings = osd.get("group_paddings") or [0] * len(self.groups)
         self._sizes = [t.numel() + pad for t, pad in zip(fp32, self._paddings)]
@@ -98,8 +106,10 @@ class ZeroOptimizerFiles:
         if count != self.dp:
             raise FormatError(f"{self.files[0]}: partition_count {count} but {self.dp} optimizer files were found")
         if osd.get("ds_zero_partition_groups"):
-            raise FormatError(f"{self.files[0]}: ZeRO-3 partition groups of their own (AutoEP experts) are not "
-                              "supported; convert the folder with DeepSpeed's ds_to_universal first")
+            raise FormatError(
+                f"{self.files[0]}: ZeRO-3 partition groups of their own (AutoEP experts) are not "
+                "supported; convert the folder with DeepSpeed's ds_to_universal first"
+            )
         return self.dp
 
     # --- files --------------------------------------------------------------------------------------
@@ -108,7 +118,9 @@ class ZeroOptimizerFiles:
             sd, self._mapped[rank] = load_pt_mapped(self.files[rank])
             osd = sd.get("optimizer_state_dict") if isinstance(sd, dict) else None
             if not isinstance(osd, dict):
-                raise FormatError(f"{self.files[rank]} has no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file")
+                raise FormatError(
+                    f"{self.files[rank]} has no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file"
+                )
             self._open[rank] = osd
             if hasattr(self, "fragments"):
                 self._check_rank(rank)
@@ -136,8 +148,10 @@ class ZeroOptimizerFiles:
     def _flat(self, rank: int, group: int, key: str, need: int) -> torch.Tensor:
         tensor = self._flat_list(rank, key)[group]
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.numel() < need:
-            raise FormatError(f"{self.files[rank]}: {key} of group {group} is not a flat tensor of at least {need} "
-                              f"elements (found {getattr(tensor, 'shape', type(tensor).__name__)})")
+            raise FormatError(
+                f"{self.files[rank]}: {key} of group {group} is not a flat tensor of at least {need} "
+                f"elements (found {getattr(tensor, 'shape', type(tensor).__name__)})"
+            )
         return tensor
 
     def _check_rank(self, rank: int) -> None:
@@ -146,22 +160,31 @@ class ZeroOptimizerFiles:
             pads = osd.get("group_paddings") or [0] * len(self.groups)
             for g, flat in enumerate(self._flat_list(rank, FP32)):
                 if flat.numel() + pads[g] != self._sizes[g]:
-                    raise FormatError(f"{self.files[rank]}: fp32 partition of group {g} holds {flat.numel()} (+{pads[g]} "
-                                      f"padding) elements where rank 0's holds {self._sizes[g]}")
+                    raise FormatError(
+                        f"{self.files[rank]}: fp32 partition of group {g} holds {flat.numel()} (+{pads[g]} "
+                        f"padding) elements where rank 0's holds {self._sizes[g]}"
+                    )
             for g, mapping in enumerate(osd.get("param_slice_mappings") or []):
                 mine = {n: f for n, frags in self.fragments.items() for f in frags if f.rank == rank and f.group == g}
                 for name, address in mapping.items():
                     state = foreign_of(address).state if isinstance(address, InertObject) else None
                     frag = mine.get(name)
-                    if not isinstance(state, dict) or frag is None or (state.get("start"), state.get("numel")) != (
-                            frag.offset, frag.numel):
-                        raise FormatError(f"{self.files[rank]}: DeepSpeed's slice map puts {name} at {state} in group "
-                                          f"{g}, which the param_shapes of the model states do not give")
+                    if (
+                        not isinstance(state, dict)
+                        or frag is None
+                        or (state.get("start"), state.get("numel")) != (frag.offset, frag.numel)
+                    ):
+                        raise FormatError(
+                            f"{self.files[rank]}: DeepSpeed's slice map puts {name} at {state} in group "
+                            f"{g}, which the param_shapes of the model states do not give"
+                        )
         else:
             for g, flat in enumerate(self._flat_list(rank, FP32)):
                 if flat.numel() != self._sizes[g]:
-                    raise FormatError(f"{self.files[rank]}: flat fp32 sub-group {g} holds {flat.numel()} elements, "
-                                      f"the param_shapes give {self._sizes[g]}")
+                    raise FormatError(
+                        f"{self.files[rank]}: flat fp32 sub-group {g} holds {flat.numel()} elements, "
+                        f"the param_shapes give {self._sizes[g]}"
+                    )
 
     # --- what the reader asks ---------------------------------------------------------------------------
     def state_keys(self) -> list[str]:
@@ -190,11 +213,12 @@ class ZeroOptimizerFiles:
             dtype = self.dtype(name, key)
 
         def fetch(f: Fragment):
-            return lambda: self._flat(f.rank, f.group, key, f.offset + f.numel)[f.offset:f.offset + f.numel]
+            return lambda: self._flat(f.rank, f.group, key, f.offset + f.numel)[f.offset : f.offset + f.numel]
 
         runs = [(FlatRange(f.start, f.stop), fetch(f)) for f in frags]
-        out = read_region(self.shapes[name], dtype, runs, region,
-                          mapped=all(self._mapped.get(f.rank, False) for f in frags))
+        out = read_region(
+            self.shapes[name], dtype, runs, region, mapped=all(self._mapped.get(f.rank, False) for f in frags)
+        )
         return out
 
     def dtype(self, name: str, key: str) -> torch.dtype:

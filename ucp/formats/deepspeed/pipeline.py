@@ -42,14 +42,19 @@ def layer_names(index: int, keys: list[str], known: set[str]) -> list[str]:
     plain = [f"{index}.{k}" for k in keys]
     if not known or all(n in known for n in plain):
         return plain
-    prefixes = {n[:n.index(".", len("tied_modules.")) + 1] for n in known
-                if n.startswith("tied_modules.") and "." in n[len("tied_modules."):]}
+    prefixes = {
+        n[: n.index(".", len("tied_modules.")) + 1]
+        for n in known
+        if n.startswith("tied_modules.") and "." in n[len("tied_modules.") :]
+    }
     matches = [p for p in sorted(prefixes) if all(p + k in known for k in keys)]
     if len(matches) == 1:
         return [matches[0] + k for k in keys]
     if len(matches) > 1:
-        raise FormatError(f"layer {index}'s tensors {keys} fit several tied modules ({', '.join(matches)}); "
-                          "which one the layer file holds cannot be told from the checkpoint")
+        raise FormatError(
+            f"layer {index}'s tensors {keys} fit several tied modules ({', '.join(matches)}); "
+            "which one the layer file holds cannot be told from the checkpoint"
+        )
     return plain
 
 
@@ -61,8 +66,10 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
     def __init__(self, path: str | os.PathLike) -> None:
         super().__init__(path)
         if any(tp for _, tp in self.files["layer"]):
-            raise FormatError(f"{self.step_dir}: tensor-parallel pipeline layers (layer_XX-model_01-...) are not read "
-                              "directly; convert the folder with DeepSpeed's ds_to_universal first")
+            raise FormatError(
+                f"{self.step_dir}: tensor-parallel pipeline layers (layer_XX-model_01-...) are not read "
+                "directly; convert the folder with DeepSpeed's ds_to_universal first"
+            )
 
     def _known_names(self) -> set[str]:
         known: set[str] = set()
@@ -84,12 +91,18 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
                 tensor = state[key]
                 if name in seen:  # a tied module saved by another layer too: the first copy
                     if seen[name] != tuple(tensor.shape):
-                        raise FormatError(f"{path}: {key} has shape {tuple(tensor.shape)} but {name} has "
-                                          f"{seen[name]} in an earlier layer file")
+                        raise FormatError(
+                            f"{path}: {key} has shape {tuple(tensor.shape)} but {name} has "
+                            f"{seen[name]} in an earlier layer file"
+                        )
                     continue
                 seen[name] = tuple(tensor.shape)
-                yield TensorInfo(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
-                                 partial(read_dense, tensor, mapped=mapped))
+                yield TensorInfo(
+                    name,
+                    str(tensor.dtype).removeprefix("torch."),
+                    tuple(tensor.shape),
+                    partial(read_dense, tensor, mapped=mapped),
+                )
 
 
 def _detect(path: str) -> bool:
@@ -99,9 +112,11 @@ def _detect(path: str) -> bool:
     return bool(files["layer"]) and bool(files["optim"]) and bool(files["model"])
 
 
-FORMAT = register_format(Format(
-    name="deepspeed-pipeline",
-    description="DeepSpeed pipeline checkpoint (layer_XX-model_states.pt per layer, ZeRO optimizer files per stage)",
-    detect=_detect,
-    open_reader=DeepSpeedPipelineReader,
-))
+FORMAT = register_format(
+    Format(
+        name="deepspeed-pipeline",
+        description="DeepSpeed pipeline checkpoint (layer_XX-model_states.pt per layer, ZeRO optimizer files per stage)",
+        detect=_detect,
+        open_reader=DeepSpeedPipelineReader,
+    )
+)

@@ -108,13 +108,25 @@ def _to_plain(obj: Any, tensor: Callable[[torch.Tensor, str], str] | None, where
         return {"@namespace": {k: sub(v, k) for k, v in vars(obj).items()}}
     if isinstance(obj, InertObject):
         rec = foreign_of(obj)
-        return {"@foreign": {"class": rec.origin, "new": rec.new, "args": [sub(a, i) for i, a in enumerate(rec.args)],
-                             "kwargs": {k: sub(v, k) for k, v in rec.kwargs.items()}, "state": sub(rec.state, "state")}}
+        return {
+            "@foreign": {
+                "class": rec.origin,
+                "new": rec.new,
+                "args": [sub(a, i) for i, a in enumerate(rec.args)],
+                "kwargs": {k: sub(v, k) for k, v in rec.kwargs.items()},
+                "state": sub(rec.state, "state"),
+            }
+        }
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
             raise FormatError(f"a numpy array of Python objects at {where} cannot be read as data")
-        return {"@ndarray": {"dtype": obj.dtype.str, "shape": list(obj.shape),
-                             "data": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode()}}
+        return {
+            "@ndarray": {
+                "dtype": obj.dtype.str,
+                "shape": list(obj.shape),
+                "data": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode(),
+            }
+        }
     if isinstance(obj, (bytes, bytearray)):
         return {"@bytes": base64.b64encode(bytes(obj)).decode()}
     if isinstance(obj, (set, frozenset)):
@@ -174,8 +186,13 @@ def _untag(tag: str, value: Any, back: Callable[[Any], Any], tensor: Callable[[A
     if tag == "@namespace":
         return argparse.Namespace(**{k: back(v) for k, v in value.items()})
     if tag == "@foreign":
-        return ForeignObject(value["class"], bool(value["new"]), tuple(back(a) for a in value["args"]),
-                             back(value["state"]), {k: back(v) for k, v in value["kwargs"].items()})
+        return ForeignObject(
+            value["class"],
+            bool(value["new"]),
+            tuple(back(a) for a in value["args"]),
+            back(value["state"]),
+            {k: back(v) for k, v in value["kwargs"].items()},
+        )
     if tag == "@ndarray":
         raw = base64.b64decode(value["data"])
         return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()

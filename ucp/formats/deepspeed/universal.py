@@ -51,10 +51,12 @@ def resolve_universal_dir(path: str) -> str:
         step_dir = tag_folder(path, "latest_universal")
         if os.path.isfile(os.path.join(step_dir, "zero", "optimizer_state.pt")):
             return step_dir
-        raise FormatError(f"{latest} names tag {os.path.basename(step_dir)!r} but {step_dir}/zero/optimizer_state.pt "
-                          "does not exist")
-    raise FormatError(f"{path} is not a DeepSpeed universal checkpoint: no zero/optimizer_state.pt and no "
-                      "latest_universal")
+        raise FormatError(
+            f"{latest} names tag {os.path.basename(step_dir)!r} but {step_dir}/zero/optimizer_state.pt does not exist"
+        )
+    raise FormatError(
+        f"{path} is not a DeepSpeed universal checkpoint: no zero/optimizer_state.pt and no latest_universal"
+    )
 
 
 def _param_of(obj: Any, where: str) -> Any:
@@ -85,11 +87,15 @@ class DeepSpeedUniversalReader:
         self._files: dict[str, Any] = {}
         self._mapped: dict[str, bool] = {}
         first: dict = next(iter(self.model_states.values()), {})
-        self.shapes = {name: tuple(int(s) for s in shape)
-                       for ms in self.model_states.values() for group in ms.get("param_shapes") or []
-                       for name, shape in group.items()}
-        self.shapes.update({n: tuple(int(s) for s in shape)
-                            for n, shape in (first.get("frozen_param_shapes") or {}).items()})
+        self.shapes = {
+            name: tuple(int(s) for s in shape)
+            for ms in self.model_states.values()
+            for group in ms.get("param_shapes") or []
+            for name, shape in group.items()
+        }
+        self.shapes.update(
+            {n: tuple(int(s) for s in shape) for n, shape in (first.get("frozen_param_shapes") or {}).items()}
+        )
 
     def _file(self, param: str, key: str) -> Any:
         path = os.path.join(self.zero_dir, param, f"{key}.pt")
@@ -122,7 +128,8 @@ class DeepSpeedUniversalReader:
     def _rank_states(self) -> tuple[dict[int, dict], dict[int, str]]:
         ranks = {int(m[1]): n for n in self.model_states if (m := MODEL3_RE.match(n))}
         return {r: self.model_states[n] for r, n in ranks.items()}, {
-            r: os.path.join(self.step_dir, n) for r, n in ranks.items()}
+            r: os.path.join(self.step_dir, n) for r, n in ranks.items()
+        }
 
     def _trained(self, param: str) -> bool:
         """DeepSpeed's tool writes only ``{"param": t}`` for an untrained tensor (buffer, frozen, tied alias)."""
@@ -153,8 +160,7 @@ class DeepSpeedUniversalReader:
                     # ZeRO-3: a frozen parameter lives only in the ranks' model-states files
                     yield TensorInfo(name, dtype, self.shapes[owner], zero3_frozen_reader(owner, *self._rank_states()))
                     continue
-                yield TensorInfo(name, dtype, self.shapes[owner],
-                                 partial(self._read_as, owner, tensor.dtype))
+                yield TensorInfo(name, dtype, self.shapes[owner], partial(self._read_as, owner, tensor.dtype))
         for param in self.params:
             if not os.path.isfile(os.path.join(self.zero_dir, param, "fp32.pt")):
                 raise FormatError(f"{self.zero_dir}/{param} has no fp32.pt")
@@ -166,13 +172,21 @@ class DeepSpeedUniversalReader:
                 continue
             for key in self._state_keys(param):
                 t = self._tensor(param, key)
-                yield TensorInfo(f"{param}/{key}", str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                 partial(self._read, param, key))
+                yield TensorInfo(
+                    f"{param}/{key}",
+                    str(t.dtype).removeprefix("torch."),
+                    tuple(t.shape),
+                    partial(self._read, param, key),
+                )
             if os.path.isfile(os.path.join(self.zero_dir, param, "step.pt")):
                 step = self._file(param, "step")
                 if isinstance(step, torch.Tensor):
-                    yield TensorInfo(f"{param}/step", str(step.dtype).removeprefix("torch."), tuple(step.shape),
-                                     partial(read_dense, step))
+                    yield TensorInfo(
+                        f"{param}/step",
+                        str(step.dtype).removeprefix("torch."),
+                        tuple(step.shape),
+                        partial(read_dense, step),
+                    )
 
     def _group_members(self) -> list[list[str]]:
         per_file = [[list(group) for group in ms.get("param_shapes") or []] for ms in self.model_states.values()]
@@ -217,15 +231,23 @@ class DeepSpeedUniversalReader:
         inner = opt.get("optimizer_state_dict")
         if isinstance(inner, dict):
             inner = dict(inner)
-            inner["state"] = {i: {k: v for k, v in s.items() if not isinstance(v, torch.Tensor) or v.dim() == 0}
-                              for i, s in (inner.get("state") or {}).items()}
+            inner["state"] = {
+                i: {k: v for k, v in s.items() if not isinstance(v, torch.Tensor) or v.dim() == 0}
+                for i, s in (inner.get("state") or {}).items()
+            }
             opt["optimizer_state_dict"] = inner
         extra = {
-            "format": self.format, "zero_stage": self.stage, "ds_version": opt.get("ds_version"),
-            "tied": dict(first.get("shared_params") or {}), "buffers": list(first.get("buffer_names") or []),
+            "format": self.format,
+            "zero_stage": self.stage,
+            "ds_version": opt.get("ds_version"),
+            "tied": dict(first.get("shared_params") or {}),
+            "buffers": list(first.get("buffer_names") or []),
             "frozen": list((first.get("frozen_param_shapes") or {}).keys()),
-            "deepspeed": {"model_states": {n: plain_state(ms, ref) for n, ms in self.model_states.items()},
-                          "optimizer_state": plain_state(opt, opt_ref), "group_steps": steps},
+            "deepspeed": {
+                "model_states": {n: plain_state(ms, ref) for n, ms in self.model_states.items()},
+                "optimizer_state": plain_state(opt, opt_ref),
+                "group_steps": steps,
+            },
         }
         step = first.get("global_steps")
         return TrainingState(step=step if isinstance(step, int) else None, param_groups=tuple(groups), extra=extra)
@@ -248,10 +270,12 @@ def _detect(path: str) -> bool:
     return True
 
 
-FORMAT = register_format(Format(
-    name="deepspeed-universal",
-    description="DeepSpeed universal checkpoint (zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, optimizer_state.pt)",
-    detect=_detect,
-    open_reader=DeepSpeedUniversalReader,
-    open_writer=DeepSpeedUniversalWriter,
-))
+FORMAT = register_format(
+    Format(
+        name="deepspeed-universal",
+        description="DeepSpeed universal checkpoint (zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, optimizer_state.pt)",
+        detect=_detect,
+        open_reader=DeepSpeedUniversalReader,
+        open_writer=DeepSpeedUniversalWriter,
+    )
+)

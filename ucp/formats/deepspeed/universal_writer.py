@@ -58,18 +58,28 @@ _IN_FLIGHT = 2  # tensors being saved on writer threads while the next one is re
 
 def _check_param_name(name: str) -> None:
     parts = name.split("/")
-    if not name or any(p in ("", ".", "..") for p in parts) or len(parts) > 2 or os.sep in parts[0] or (
-            os.altsep and os.altsep in name):
-        raise FormatError(f"logical name {name!r} cannot be written to deepspeed-universal: it keeps one folder "
-                          "per parameter, named by the parameter (no '/', '.', '..'), with one file per state")
+    if (
+        not name
+        or any(p in ("", ".", "..") for p in parts)
+        or len(parts) > 2
+        or os.sep in parts[0]
+        or (os.altsep and os.altsep in name)
+    ):
+        raise FormatError(
+            f"logical name {name!r} cannot be written to deepspeed-universal: it keeps one folder "
+            "per parameter, named by the parameter (no '/', '.', '..'), with one file per state"
+        )
 
 
 def _as_saved(tensor: torch.Tensor, key: str) -> torch.Tensor:
     """The tensor alone in its storage (torch.save writes whole storages), contiguous; master weights
     flagged ``requires_grad`` as DeepSpeed's are, which changes one byte of the file."""
     out = tensor.detach()
-    if not out.is_contiguous() or out.storage_offset() or out.untyped_storage().nbytes() != out.numel() * \
-            out.element_size():
+    if (
+        not out.is_contiguous()
+        or out.storage_offset()
+        or out.untyped_storage().nbytes() != out.numel() * out.element_size()
+    ):
         out = out.contiguous().clone()
     else:
         out = out.view(out.shape)  # a new tensor object: setting requires_grad never touches the caller's
@@ -81,8 +91,16 @@ class DeepSpeedUniversalWriter:
 
     format = "deepspeed-universal"
 
-    def __init__(self, path: str | os.PathLike, *, tensors: Iterable[Any] | None = None, overwrite: bool = False,
-                 state: TrainingState | None = None, style: str = "auto", block_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        tensors: Iterable[Any] | None = None,
+        overwrite: bool = False,
+        state: TrainingState | None = None,
+        style: str = "auto",
+        block_bytes: int | None = None,
+    ) -> None:
         # block_bytes: this writer takes whole tensors only (no add_region); every file it writes is one tensor.
         if style not in ("auto", "zero12", "zero3"):
             raise ValueError(f"style must be 'auto', 'zero12' or 'zero3', got {style!r}")
@@ -197,8 +215,10 @@ class DeepSpeedUniversalWriter:
         if isinstance(specs, dict) and specs:
             return specs
         if style == "zero3":
-            raise FormatError("deepspeed-universal style 'zero3' needs the ZeRO-3 model-states files of a DeepSpeed "
-                              "source; use style 'zero12', which DeepSpeed's ZeRO-3 engines load as well")
+            raise FormatError(
+                "deepspeed-universal style 'zero3' needs the ZeRO-3 model-states files of a DeepSpeed "
+                "source; use style 'zero12', which DeepSpeed's ZeRO-3 engines load as well"
+            )
         return {_SPOOL: None}
 
     def _synthesized_model_states(self) -> dict:
@@ -208,15 +228,26 @@ class DeepSpeedUniversalWriter:
             shapes.append({n: torch.Size(self._model[n].shape) for n in group.get("params", []) if n in trained})
         return {
             "module": {n: {"@tensor": {"name": n}} for n in self._model},
-            "buffer_names": list(self._state.extra.get("buffers") or []), "optimizer": None, "param_shapes": shapes,
-            "frozen_param_shapes": None, "shared_params": dict(self._state.extra.get("tied") or {}),
-            "frozen_param_fragments": None, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
-            "skipped_steps": 0, "global_steps": self._state.step or 0, "global_samples": 0, "dp_world_size": 1,
-            "mp_world_size": 1, "ds_version": self._state.extra.get("ds_version") or DS_VERSION,
+            "buffer_names": list(self._state.extra.get("buffers") or []),
+            "optimizer": None,
+            "param_shapes": shapes,
+            "frozen_param_shapes": None,
+            "shared_params": dict(self._state.extra.get("tied") or {}),
+            "frozen_param_fragments": None,
+            "lr_scheduler": None,
+            "data_sampler": None,
+            "random_ltd": None,
+            "skipped_steps": 0,
+            "global_steps": self._state.step or 0,
+            "global_samples": 0,
+            "dp_world_size": 1,
+            "mp_world_size": 1,
+            "ds_version": self._state.extra.get("ds_version") or DS_VERSION,
         }
 
     def _resolver(self, writer: StreamingPtWriter, model: dict | None, referenced: set[str]):
         """Turns the ``$tensor`` references of a model-states spec into tensors written by ``writer``."""
+
         def resolve(ref: Any) -> Any:
             if not isinstance(ref, dict):
                 raise FormatError(f"bad tensor reference {ref!r} in the DeepSpeed state")
@@ -226,17 +257,20 @@ class DeepSpeedUniversalWriter:
                 return writer.add(torch.empty(ref["shape"], dtype=getattr(torch, ref["empty"])))
             name = ref.get("name") or ref.get("fragment_of")
             if name not in self._model:
-                raise FormatError(f"the DeepSpeed model states refer to tensor {name!r}, which was not given; "
-                                  "convert every model tensor of the source")
+                raise FormatError(
+                    f"the DeepSpeed model states refer to tensor {name!r}, which was not given; "
+                    "convert every model tensor of the source"
+                )
             referenced.add(name)
             if model is None:  # already in the file being finished
                 return self._model[name]
             tensor = model[name]
             if "fragment_of" in ref:  # a ZeRO-3 rank's padded piece of a frozen parameter
                 per_rank = math.ceil(tensor.numel() / ref["dp"])
-                piece = tensor.reshape(-1)[ref["rank"] * per_rank:(ref["rank"] + 1) * per_rank]
+                piece = tensor.reshape(-1)[ref["rank"] * per_rank : (ref["rank"] + 1) * per_rank]
                 tensor = torch.cat([piece, piece.new_zeros(per_rank - piece.numel())])
             return writer.add(tensor)
+
         return resolve
 
     def _write_model_states(self, specs: dict[str, Any]) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -247,8 +281,10 @@ class DeepSpeedUniversalWriter:
             self._spool.finish(from_plain(spec, tensor=self._resolver(self._spool, None, referenced)))
             lost = [n for n in self._model if n not in referenced]
             if lost:
-                raise FormatError(f"model tensor {lost[0]!r} is not part of the source's DeepSpeed model states "
-                                  f"({len(lost)} such); deepspeed-universal would drop it")
+                raise FormatError(
+                    f"model tensor {lost[0]!r} is not part of the source's DeepSpeed model states "
+                    f"({len(lost)} such); deepspeed-universal would drop it"
+                )
             written = load_pt(os.path.join(self._tmp, _SPOOL))
             module = dict(written.get("module") or {})
             fragments = dict(written.get("frozen_param_fragments") or {})
@@ -271,10 +307,14 @@ class DeepSpeedUniversalWriter:
             if "fp32" in keys:
                 continue
             if param not in model:
-                raise FormatError(f"optimizer states of {param!r} were given without its master weights or its "
-                                  f"weights ({param}/fp32 or {param}); DeepSpeed's loader needs fp32.pt")
-            save_pt({"cat_dim": 0, "param": _as_saved(model[param].float(), "fp32")},
-                    os.path.join(self._tmp, "zero", param, "fp32.pt"))
+                raise FormatError(
+                    f"optimizer states of {param!r} were given without its master weights or its "
+                    f"weights ({param}/fp32 or {param}); DeepSpeed's loader needs fp32.pt"
+                )
+            save_pt(
+                {"cat_dim": 0, "param": _as_saved(model[param].float(), "fp32")},
+                os.path.join(self._tmp, "zero", param, "fp32.pt"),
+            )
             keys.insert(0, "fp32")
 
     def _write_fallbacks(self, model: dict[str, torch.Tensor], kept: set[str]) -> None:
@@ -288,9 +328,11 @@ class DeepSpeedUniversalWriter:
                 continue
             as_float = tensor.float()
             if name not in kept and not torch.equal(as_float.to(tensor.dtype), tensor):
-                raise FormatError(f"model tensor {name!r} ({str(tensor.dtype).removeprefix('torch.')}) holds values "
-                                  "float32 cannot represent, and deepspeed-universal would keep it only as fp32.pt; "
-                                  "convert to ucp or dcp instead")
+                raise FormatError(
+                    f"model tensor {name!r} ({str(tensor.dtype).removeprefix('torch.')}) holds values "
+                    "float32 cannot represent, and deepspeed-universal would keep it only as fp32.pt; "
+                    "convert to ucp or dcp instead"
+                )
             folder = os.path.join(self._tmp, "zero", name)
             os.makedirs(folder, exist_ok=True)
             save_pt({"param": as_float}, os.path.join(folder, "fp32.pt"))
@@ -316,18 +358,24 @@ class DeepSpeedUniversalWriter:
     def _optimizer_state(self, trained: list[str]) -> Any:
         source = self._deepspeed().get("optimizer_state")
         if isinstance(source, dict):
-            return from_plain(source, tensor=lambda ref: torch.tensor(ref["scalar"], dtype=getattr(torch, ref["dtype"])))
+            return from_plain(
+                source, tensor=lambda ref: torch.tensor(ref["scalar"], dtype=getattr(torch, ref["dtype"]))
+            )
         groups = []
         for g, group in enumerate(self._state.param_groups or ({},)):
-            entry = {k: tuple(v) if k == "betas" and isinstance(v, list) else v for k, v in group.items()
-                     if k != "params"}
+            entry = {
+                k: tuple(v) if k == "betas" and isinstance(v, list) else v for k, v in group.items() if k != "params"
+            }
             entry["params"] = [g]
             groups.append(entry)
         steps = [self._steps[p] for p in trained if p in self._steps]
         step = steps[0] if steps else self._state.step
-        return {"ds_version": self._state.extra.get("ds_version") or DS_VERSION, "param_groups": groups,
-                # what a ZeRO-3 engine reads of it: the step and the param groups
-                "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": groups}}
+        return {
+            "ds_version": self._state.extra.get("ds_version") or DS_VERSION,
+            "param_groups": groups,
+            # what a ZeRO-3 engine reads of it: the step and the param groups
+            "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": groups},
+        }
 
     def _commit(self) -> None:
         if os.path.exists(self.path):

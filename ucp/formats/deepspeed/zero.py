@@ -47,8 +47,14 @@ from ucp.formats.deepspeed.pt import load_pt_mapped
 from ucp.formats.tensor_geometry import tag_folder
 from ucp.geometry import FlatRange, Region
 
-__all__ = ["DeepSpeedZeroReader", "resolve_step_dir", "checkpoint_files", "plain_state", "json_value",
-           "zero3_frozen_reader"]
+__all__ = [
+    "DeepSpeedZeroReader",
+    "resolve_step_dir",
+    "checkpoint_files",
+    "plain_state",
+    "json_value",
+    "zero3_frozen_reader",
+]
 
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 MODEL3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -109,10 +115,13 @@ def _scalar_or_fail(where: str) -> Callable[[torch.Tensor, str], Any]:
         if t.dim() == 0:
             return {"scalar": t.item(), "dtype": str(t.dtype).removeprefix("torch.")}
         raise FormatError(f"{where}: unexpected tensor at {path} in DeepSpeed's non-tensor state")
+
     return ref
 
 
-def zero3_frozen_reader(name: str, states: dict[int, dict], files: dict[int, str]) -> Callable[[Region | None], torch.Tensor]:
+def zero3_frozen_reader(
+    name: str, states: dict[int, dict], files: dict[int, str]
+) -> Callable[[Region | None], torch.Tensor]:
     """Reads frozen parameter ``name`` of a ZeRO-3 checkpoint from every rank's ``frozen_param_fragments``
     (``states``: data-parallel rank -> its model-states dict; ``files`` names them in errors)."""
     first = states[min(states)]
@@ -126,10 +135,14 @@ def zero3_frozen_reader(name: str, states: dict[int, dict], files: dict[int, str
             if not isinstance(frag, torch.Tensor) or frag.numel() < count:
                 raise FormatError(f"{files[rank]}: the frozen fragment of {name} is missing or short")
             return frag.reshape(-1)[:count]
+
         return get
 
-    runs = [(FlatRange(r * per_rank, min((r + 1) * per_rank, numel)), fetch(r, min(per_rank, numel - r * per_rank)))
-            for r in sorted(states) if r * per_rank < numel]
+    runs = [
+        (FlatRange(r * per_rank, min((r + 1) * per_rank, numel)), fetch(r, min(per_rank, numel - r * per_rank)))
+        for r in sorted(states)
+        if r * per_rank < numel
+    ]
     dtype = first["module"][name].dtype
     return lambda region: read_region(shape, dtype, runs, region)
 
@@ -144,8 +157,10 @@ class DeepSpeedZeroReader:
         self.step_dir = resolve_step_dir(self.path)
         files = checkpoint_files(self.step_dir)
         if files["expert"]:
-            raise FormatError(f"{self.step_dir}: mixture-of-experts files ({next(iter(files['expert']))}) are not "
-                              "supported; convert the folder with DeepSpeed's ds_to_universal first")
+            raise FormatError(
+                f"{self.step_dir}: mixture-of-experts files ({next(iter(files['expert']))}) are not "
+                "supported; convert the folder with DeepSpeed's ds_to_universal first"
+            )
         if not files["optim"]:
             raise FormatError(f"{self.step_dir} holds no *_optim_states.pt: not a DeepSpeed ZeRO checkpoint")
         self.files = files
@@ -184,15 +199,17 @@ class DeepSpeedZeroReader:
                 f"{self.step_dir}: tensor-parallel DeepSpeed checkpoints (mp_rank_00..{mp_ranks[-1]:02d}) are not "
                 "read directly: how each tensor is split is known only to the model code; convert the folder with "
                 "DeepSpeed's ds_to_universal (Megatron-DeepSpeed records the split patterns) and read that, or "
-                "write a UCL program for the model")
+                "write a UCL program for the model"
+            )
 
     def _model_file(self, mp: int) -> str:
         if mp in self.files["model"]:
             return self.files["model"][mp]
         if (0, mp) in self.files["model3"]:
             return self.files["model3"][(0, mp)]
-        raise FormatError(f"{self.step_dir}: no model-states file for model-parallel rank {mp} "
-                          f"(mp_rank_{mp:02d}_model_states.pt)")
+        raise FormatError(
+            f"{self.step_dir}: no model-states file for model-parallel rank {mp} (mp_rank_{mp:02d}_model_states.pt)"
+        )
 
     @property
     def main_states(self) -> dict:
@@ -220,8 +237,10 @@ class DeepSpeedZeroReader:
             elif owner in frozen:
                 yield TensorInfo(name, dtype, tuple(int(s) for s in frozen[owner]), self._zero3_frozen(owner))
             else:
-                raise FormatError(f"{self._model_file(0)}: module entry {name!r} is a ZeRO-3 placeholder of no known "
-                                  "parameter (not trained, not frozen, not a buffer, not tied)")
+                raise FormatError(
+                    f"{self._model_file(0)}: module entry {name!r} is a ZeRO-3 placeholder of no known "
+                    "parameter (not trained, not frozen, not a buffer, not tied)"
+                )
 
     def _cast_master(self, name: str, dtype: torch.dtype) -> Callable[[Region | None], torch.Tensor]:
         unit = self._owner[name]
@@ -243,12 +262,15 @@ class DeepSpeedZeroReader:
                 shape = unit.shapes[name]
                 for key in keys:
                     dtype = str(unit.dtype(name, key)).removeprefix("torch.")
-                    yield TensorInfo(f"{name}/{key}", dtype, shape,
-                                     partial(unit.read, name, key))
+                    yield TensorInfo(f"{name}/{key}", dtype, shape, partial(unit.read, name, key))
                 step = steps[unit.group_of[name]]
                 if isinstance(step, torch.Tensor):
-                    yield TensorInfo(f"{name}/step", str(step.dtype).removeprefix("torch."), tuple(step.shape),
-                                     partial(read_dense, step))
+                    yield TensorInfo(
+                        f"{name}/step",
+                        str(step.dtype).removeprefix("torch."),
+                        tuple(step.shape),
+                        partial(read_dense, step),
+                    )
 
     def tensors(self) -> Iterator[TensorInfo]:
         yield from self._model_tensors()
@@ -259,7 +281,7 @@ class DeepSpeedZeroReader:
         unit = next(iter(self.units.values()))
         osd = unit.osd(0)
         if self.stage <= 2:
-            groups = (osd.get("base_optimizer_state") or {})
+            groups = osd.get("base_optimizer_state") or {}
             groups = groups.get("param_groups") if isinstance(groups, dict) else None
             members = [[[n for n, _ in unit.groups[g]]] for g in range(len(unit.groups))]
         else:
@@ -291,8 +313,10 @@ class DeepSpeedZeroReader:
             out["param_groups"] = base.get("param_groups") if isinstance(base, dict) else []
         else:
             inner = dict(osd.get("optimizer_state_dict") or {})
-            inner["state"] = {i: {k: v for k, v in s.items() if not isinstance(v, torch.Tensor) or v.dim() == 0}
-                              for i, s in (inner.get("state") or {}).items()}
+            inner["state"] = {
+                i: {k: v for k, v in s.items() if not isinstance(v, torch.Tensor) or v.dim() == 0}
+                for i, s in (inner.get("state") or {}).items()
+            }
             out = {k: v for k, v in osd.items() if k not in ("fp32_flat_groups", "optimizer_state_dict")}
             out["optimizer_state_dict"] = inner
             out["param_groups"] = inner.get("param_groups")
@@ -325,7 +349,10 @@ class DeepSpeedZeroReader:
         unit = next(iter(self.units.values()))
         steps = [s for u in self.units.values() for s in u.group_values("step")]
         extra = {
-            "format": self.format, "zero_stage": self.stage, "dp": self.dp, "ds_version": states.get("ds_version"),
+            "format": self.format,
+            "zero_stage": self.stage,
+            "dp": self.dp,
+            "ds_version": states.get("ds_version"),
             "tied": dict(states.get("shared_params") or {}),
             "buffers": list(states.get("buffer_names") or []),
             "frozen": list((states.get("frozen_param_shapes") or {}).keys()),
@@ -364,9 +391,11 @@ def _detect(path: str) -> bool:
     return bool(files["optim"]) and bool(files["model"] or files["model3"]) and not files["layer"]
 
 
-FORMAT = register_format(Format(
-    name="deepspeed-zero",
-    description="DeepSpeed ZeRO-1/2/3 checkpoint (latest + global_stepN/ with *_model_states.pt, *_optim_states.pt)",
-    detect=_detect,
-    open_reader=DeepSpeedZeroReader,
-))
+FORMAT = register_format(
+    Format(
+        name="deepspeed-zero",
+        description="DeepSpeed ZeRO-1/2/3 checkpoint (latest + global_stepN/ with *_model_states.pt, *_optim_states.pt)",
+        detect=_detect,
+        open_reader=DeepSpeedZeroReader,
+    )
+)
