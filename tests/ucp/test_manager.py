@@ -316,7 +316,7 @@ def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path
 
 
 _WORLD_WORKER = """
-import sys, warnings, torch, torch.distributed as dist
+import os, sys, warnings, torch, torch.distributed as dist
 from pathlib import Path
 from ucp.manager import CheckpointManager
 from ucp.policies import EveryNSteps, KeepAll
@@ -343,6 +343,11 @@ try:
     print("restored", got, fresh["step"], flush=True)
 finally:
     dist.destroy_process_group()
+# No interpreter teardown, as the launcher's ranks: C++ worker threads (gloo's or tensorstore's) can still
+# be joinable when a teardown destroys them, and the process aborts after its work is done ("terminate
+# called without an active exception": once in a full suite run).
+sys.stdout.flush()
+os._exit(0)
 """
 
 
