@@ -294,12 +294,12 @@ finally:
 """
 
 
-@pytest.mark.slow
-def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path) -> None:
+def _run_two_ranks(worker: str, directory: Path) -> list[str]:
+    """Run ``worker`` as ranks 0 and 1 of a gloo job on a free port; their standard outputs, each exit 0."""
     port = free_port()
     repo = Path(__file__).resolve().parents[2]
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, str(rank), str(port), str(tmp_path / "run")], cwd=repo,
+        subprocess.Popen([sys.executable, "-c", worker, str(rank), str(port), str(directory)], cwd=repo,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(2)
     ]
@@ -309,8 +309,14 @@ def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for out, err, code in results:
+    for _, err, code in results:
         assert code == 0, err[-3000:]
+    return [out for out, _, _ in results]
+
+
+@pytest.mark.slow
+def test_two_ranks_save_async_prune_on_rank0_and_agree_on_restore(tmp_path: Path) -> None:
+    for out in _run_two_ranks(_WORKER, tmp_path / "run"):
         assert out.startswith("ok")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step_00000004"]
 
@@ -356,19 +362,5 @@ def test_without_a_process_group_the_managers_of_all_ranks_agree_on_the_world(tm
     """With torch.distributed initialized and no group given, the manager is the job's, as ucp.save is:
     rank 0 cannot read the newest checkpoint, so every rank restores the one before (before this, rank 0
     fell back alone and rank 1 found nothing: two ranks resumed from different steps)."""
-    port = free_port()
-    repo = Path(__file__).resolve().parents[2]
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _WORLD_WORKER, str(rank), str(port), str(tmp_path / "run")], cwd=repo,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]
-    try:
-        results = [proc.communicate(timeout=120) + (proc.returncode,) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for out, err, code in results:
-        assert code == 0, err[-3000:]
+    for out in _run_two_ranks(_WORLD_WORKER, tmp_path / "run"):
         assert out.strip() == "restored 2 2"
