@@ -351,6 +351,19 @@ def _load(
     assemble_state(tree, dict.fromkeys(targets, _PLACEHOLDER), whole=whole, allow_objects=allow_objects, source=path)
     device = torch.device(map_location)
     tensors: dict[str, torch.Tensor] = {}
+    # Reads go to the reader in batches (adjacent bytes of a pack become one read straight into
+    # the tensors); a batch is bounded, so a load to a device holds a bounded amount on the host.
+    batch: list[tuple[str, Region, torch.Tensor]] = []
+    done: list[tuple[str, torch.Tensor]] = []
+    batched = 0
+
+    def flush() -> None:
+        reader.read_many(batch)
+        batch.clear()
+        for key, dest in done:
+            tensors[key] = dest.to(device) if into_tensors is None and device.type != "cpu" else dest
+        done.clear()
+
     with reader:
         for key, (tspec, shape, dtype) in targets.items():
             if into_tensors is not None and key in into_tensors:
@@ -362,10 +375,13 @@ def _load(
             if filled is not None:
                 filled.add(key)
             for piece in tspec.pieces:
-                _fill(reader, piece.logical, piece.target, piece.local, _local(dest))
-            if into_tensors is None and device.type != "cpu":
-                dest = dest.to(device)
-            tensors[key] = dest
+                _fill(reader, piece.logical, piece.target, piece.local, _local(dest), batch)
+            done.append((key, dest))
+            batched += dest.nbytes
+            if batched >= _BATCH_BYTES:
+                flush()
+                batched = 0
+        flush()
     state = assemble_state(tree, tensors, whole=whole, allow_objects=allow_objects, source=path)
     for key in skipped if isinstance(state, dict) else ():  # left out whole: a part would mislead
         state.pop(key, None)
@@ -458,16 +474,27 @@ def _local_shape(pieces) -> tuple[int, ...]:
     return tuple(max(b.stops[d] for b in boxes) for d in range(boxes[0].ndim))
 
 
-def _fill(reader: CheckpointReader, logical: str, target: Region, local: Region, dest: torch.Tensor) -> None:
+# A load reads this many bytes of destinations at a time (see load: one plan, coalesced reads).
+_BATCH_BYTES = 256 << 20
+
+
+def _fill(
+    reader: CheckpointReader,
+    logical: str,
+    target: Region,
+    local: Region,
+    dest: torch.Tensor,
+    batch: list[tuple[str, Region, torch.Tensor]],
+) -> None:
+    """Add the read of ``target`` into ``local`` of ``dest`` to ``batch`` (read at once when it needs staging)."""
     if isinstance(local, Box):
-        view = dest[local.slices()] if local.ndim else dest
-        reader.read_into(logical, target, view)
+        batch.append((logical, target, dest[local.slices()] if local.ndim else dest))
         return
     # A flat run of the destination, viewed as the target's storage: 1-d for a flat range, the
     # box's sizes for a box (the run holds the box in row-major order).
     shape = region_shape(target)
     if dest.is_contiguous():
-        reader.read_into(logical, target, dest.view(-1)[local.start : local.stop].view(shape))
+        batch.append((logical, target, dest.view(-1)[local.start : local.stop].view(shape)))
         return
     # A flat range of a non-contiguous tensor has no view: stage it, then scatter.
     flat = dest.reshape(-1).clone()

@@ -148,6 +148,42 @@ def read_exact_into(
     return info.st_size, got
 
 
+def read_range_into(
+    root: str,
+    rel: str,
+    start: int,
+    views: list[memoryview],
+    *,
+    real: str | None = None,
+    what: str | None = None,
+) -> tuple[int, int]:
+    """Fill ``views`` (back to back) from the bytes of ``root/rel`` at ``start``: ``(file size, bytes read)``.
+
+    A file too short to hold them all is not read at all (the caller reports it); one
+    ``preadv`` fills several destinations, so adjacent ranges cost one read and no copy.
+    """
+    want = sum(v.nbytes for v in views)
+    fd, info = open_inside(root, rel, real=real, what=what)
+    try:
+        if info.st_size < start + want:
+            return info.st_size, 0
+        got = 0
+        views = [v for v in views if v.nbytes]
+        while views:  # one read returns at most ~2 GiB
+            n = os.preadv(fd, views[:512], start + got)  # below IOV_MAX (1024 on Linux)
+            if not n:
+                break
+            got += n
+            while views and n >= views[0].nbytes:
+                n -= views[0].nbytes
+                views.pop(0)
+            if views and n:
+                views[0] = views[0][n:]
+        return info.st_size, got
+    finally:
+        os.close(fd)
+
+
 def relative_parts(rel: str, root: str, *, verb: str = "write") -> list[str]:
     """The names of a path a store may read or write: relative, no ``.`` or ``..`` segment.
 

@@ -59,7 +59,7 @@ def check_fragment(
         and frag.nbytes == region.numel * itemsize
         and 1 <= frag.chunk_rows <= max(1, rows)
         and chunks <= max(MAX_SMALL_CHUNKS, frag.nbytes // MIN_CHUNK_BYTES)
-        and (frag.pack_offset is None or chunks == 1)
+        and (frag.pack_offset is None or chunks >= 1)
         and len(frag.checksums) == (0 if algorithm is None else chunks)
         and all(_HEX_DIGEST.match(c) for c in frag.checksums)
     )
@@ -102,8 +102,8 @@ def _raise_fragment_problem(
             f"{where}: chunk_rows {frag.chunk_rows} cuts {frag.nbytes} bytes into {chunks} chunks; a fragment of "
             f"more than {MAX_SMALL_CHUNKS} chunks needs chunks of {MIN_CHUNK_BYTES} bytes or more on average"
         )
-    if frag.pack_offset is not None and chunks != 1:
-        raise ManifestError(f"{where}: a packed fragment must be one non-empty chunk")
+    if frag.pack_offset is not None and chunks < 1:
+        raise ManifestError(f"{where}: a packed fragment must not be empty (empty tensors are never packed)")
     if len(frag.checksums) != (0 if algorithm is None else chunks):
         raise ManifestError(
             f"{where}: {len(frag.checksums)} checksum(s) for {chunks} chunk(s)"

@@ -8,7 +8,7 @@ computed without a byte of tensor data (``ucp/tools/bench/scale_sim.py``)::
     >>> from ucp.spec import LogicalTensor
     >>> fmap = split_fragment_map({"w": LogicalTensor("w", (4096, 1024), "float32")}, rank=1, world_size=2)
     >>> [(f.key, str(f.region), len(f.checksums)) for f in planned_fragments(fmap, rank=1)["w"]]
-    [('r1/000000-w', '[2048:4096, 0:1024]', 1)]
+    [('r1/pack-000000', '[2048:4096, 0:1024]', 1)]
 """
 
 from __future__ import annotations

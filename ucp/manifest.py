@@ -33,6 +33,7 @@ from ucp.manifest_json import (  # noqa: F401 - the names, versions and limits a
     MAX_MANIFEST_BYTES,
     READABLE_VERSIONS,
     SHARDED_FORMAT_VERSION,
+    SHARDED_VERSIONS,
     checked_int,
     json_field,
     json_type,
@@ -76,6 +77,7 @@ class Manifest:
     created: str | None = None
     producer: str = "ucp-middleware"
     extra: dict = field(default_factory=dict)
+    version: int | None = None  # the format_version it was read with (None: made here, written as the newest)
 
     def __post_init__(self) -> None:
         if self.program is not None and not isinstance(self.program, ProgramRecord):
@@ -153,7 +155,7 @@ class Manifest:
         if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise FormatVersionError(
                 f"{source} has format_version {show_value(version)}; this reader understands "
-                f"{' and '.join(map(str, READABLE_VERSIONS))} (upgrade ucp-middleware to read newer checkpoints)"
+                f"{', '.join(map(str, READABLE_VERSIONS))} (upgrade ucp-middleware to read newer checkpoints)"
             )
         algorithm = json_field(data, "checksum_algorithm", source)
         if algorithm is not None and algorithm not in CHECKSUM_ALGORITHMS:
@@ -178,7 +180,8 @@ class Manifest:
             producer=data.get("producer") or "",
             extra=dict(extra),
         )
-        if version == SHARDED_FORMAT_VERSION:
+        header["version"] = version
+        if version in SHARDED_VERSIONS:
             return cls._from_root(
                 data,
                 raw_tensors,
@@ -245,7 +248,9 @@ class Manifest:
 
     @property
     def format_version(self) -> int:
-        """2 for a sharded root read from a checkpoint (its tensors come from shards), else 1."""
+        """The version it was read with; for one made here, the version it is written with."""
+        if self.version is not None:
+            return self.version
         return SHARDED_FORMAT_VERSION if isinstance(self.tensors, ShardedTensors) else FORMAT_VERSION
 
     def header(self, name: str) -> tuple[str, tuple[int, ...]]:

@@ -19,9 +19,13 @@ from typing import Any, TypeGuard
 
 from ucp.errors import ManifestError
 
-FORMAT_VERSION = 1  # one manifest.json; format 2 (ucp.sharded_manifest) is a root plus metadata shards
-SHARDED_FORMAT_VERSION = 2
-READABLE_VERSIONS = (FORMAT_VERSION, SHARDED_FORMAT_VERSION)
+# Formats 1 and 3 are one manifest.json; 2 and 4 (ucp.sharded_manifest) a root plus metadata shards.
+# 3 and 4 let a pack hold fragments of any size and number of chunks (docs/FORMAT.md, "Packs"):
+# a rank's bytes go into a few large files. Readers read all four.
+FORMAT_VERSION = 3
+SHARDED_FORMAT_VERSION = 4
+SHARDED_VERSIONS = (2, SHARDED_FORMAT_VERSION)
+READABLE_VERSIONS = (1, 2, FORMAT_VERSION, SHARDED_FORMAT_VERSION)
 MANIFEST_NAME = "manifest.json"
 DATA_DIR = "data"
 

@@ -23,13 +23,25 @@ import torch
 from ucp import checksum as _checksum
 from ucp.commit import find_manifest, read_manifest
 from ucp.dtypes import allocate, from_numpy, storage_dtype, to_numpy, torch_dtype
-from ucp.errors import ChecksumError, KeyMismatchError, ManifestError, ShapeMismatchError
+from ucp.errors import (
+    ChecksumError,
+    IncompleteCheckpointError,
+    KeyMismatchError,
+    ManifestError,
+    ShapeMismatchError,
+    TruncatedDataError,
+)
 from ucp.geometry import Box, FlatRange, Region, region_fits, region_shape
 from ucp.load_plan import LoadPlan, LoadRequest, plan_load
 from ucp.manifest import Fragment, Manifest, TensorEntry
+from ucp.read_batches import Unit, coalesce, read_runs
 from ucp.spec import LogicalTensor
 from ucp.stores import Store, StoreOptions
+from ucp.stores.pack_files import chunk_spans
 from ucp.zarr_array import chunk_count, chunk_key
+
+# Packed fragments at most this far apart (the writer's alignment padding) are read in one call.
+_MAX_GAP = 4096
 
 # The read buffer is a few chunks (StoreOptions.prefetch_chunks read ahead within one copy,
 # + 2): enough to overlap I/O with copying, small next to a shard.
@@ -69,9 +81,17 @@ def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tenso
         )
 
 
-def _cache_key(frag: Fragment, index: int) -> tuple[str, int]:
+def _cache_key(frag: Fragment, index: int) -> tuple[str, int, int]:
     """Chunk identity: packed fragments share their pack's key, so their offset tells them apart."""
-    return (frag.key, index if frag.pack_offset is None else -1 - frag.pack_offset)
+    return (frag.key, -1 if frag.pack_offset is None else frag.pack_offset, index)
+
+
+def _packed_chunk_start(frag: Fragment, index: int, itemsize: int) -> int:
+    """Where chunk ``index`` of a packed fragment starts in its pack (chunks lie back to back, unpadded)."""
+    assert frag.pack_offset is not None, "a packed fragment"
+    shape = region_shape(frag.region)
+    row = math.prod(shape[1:]) * itemsize if shape else itemsize
+    return frag.pack_offset + index * frag.chunk_rows * row
 
 
 class CheckpointReader:
@@ -95,8 +115,8 @@ class CheckpointReader:
             self.manifest = read_manifest(self.storage)
         self.options = self.storage.options
         self.verify = verify and self.manifest.checksum_algorithm is not None
-        self._chunks: OrderedDict[tuple[str, int], Any] = OrderedDict()
-        self._verified: set[tuple[str, int]] = set()
+        self._chunks: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
+        self._verified: set[tuple[str, int, int]] = set()
         self._pack_extents: dict[str, int] = {}  # pack key -> bytes its fragments reach
 
     def close(self) -> None:
@@ -143,6 +163,15 @@ class CheckpointReader:
         entry = self.entry(name)
         self.execute(plan_load({name: entry}, (LoadRequest(name, region),)), (dest,))
 
+    def read_many(self, reads: Sequence[tuple[str, Region, torch.Tensor]]) -> None:
+        """:meth:`read_into` for many ``(name, region, dest)`` at once: one plan, so adjacent bytes of a
+        pack are read together straight into their destinations."""
+        if not reads:
+            return
+        entries = {name: self.entry(name) for name, _, _ in reads}
+        plan = plan_load(entries, tuple(LoadRequest(name, region) for name, region, _ in reads))
+        self.execute(plan, [dest for _, _, dest in reads])
+
     def execute(self, plan: LoadPlan, dests: Sequence[torch.Tensor]) -> None:
         """Carry out a load plan (:func:`ucp.load_plan.plan_load` over this checkpoint's manifest):
         ``dests[i]`` is filled with request ``i``'s region, shaped like its storage (box sizes, or 1-d).
@@ -159,6 +188,7 @@ class CheckpointReader:
         entries = [self.entry(r.logical) for r in plan.requests]
         for request, entry, dest in zip(plan.requests, entries, dests):
             _check_read(request.logical, entry, request.region, dest)
+        straight: list[tuple[TensorEntry, Fragment, torch.Tensor]] = []
         for item in plan.items:
             region, dest = plan.requests[item.request].region, dests[item.request]
             if isinstance(region, Box):
@@ -168,8 +198,52 @@ class CheckpointReader:
                 assert span is not None, "the pieces of a flat range have spans"
                 block = dest.view(-1)[span.start : span.stop].view(item.dst.box.sizes)
                 target_view = block[item.overlap.relative_to(item.dst.box).slices()]
-            self._copy(entries[item.request], item.fragment, item.src.box, item.src.span, item.overlap, target_view)
+            entry = entries[item.request]
+            if self._reads_whole_fragment(item.fragment, item.src.box, item.src.span, item.overlap, target_view):
+                straight.append((entry, item.fragment, target_view))  # read below, coalesced
+            else:
+                self._copy(entry, item.fragment, item.src.box, item.src.span, item.overlap, target_view)
         self._chunks.clear()  # the buffer is per call: memory stays bounded across a whole load
+        self._read_whole(straight)
+
+    def _read_whole(self, items: list[tuple[TensorEntry, Fragment, torch.Tensor]]) -> None:
+        """Whole fragments straight into their destinations; packed ones in coalesced runs (:mod:`ucp.read_batches`)."""
+        units = []
+        for entry, frag, view in items:
+            if frag.pack_offset is None:
+                self._read_straight(entry, frag, view)
+                continue
+            shape = region_shape(frag.region)
+            flat = to_numpy(view).reshape(-1).view(np.uint8)
+            for index, (a, b) in enumerate(chunk_spans(shape, flat.nbytes // max(1, view.numel()), frag.chunk_rows)):
+                units.append(Unit(frag.key, frag.pack_offset + a, b - a, (entry.name, frag, index, flat[a:b])))
+        runs = coalesce(units, max_bytes=self.options.slab_bytes, max_gap=_MAX_GAP)
+        digest = _checksum.digest if self.verify else None
+
+        def start_read(run: Any, outs: list[np.ndarray]) -> Any:
+            name, frag = run.units[0].tag[:2]  # errors about the file name the run's first tensor
+            what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
+            return self.storage.read_packed_into(f"data/{run.key}", run.start, outs, what=what, digest=digest)
+
+        def check(unit: Unit, found: str | None) -> None:
+            name, frag, index, _ = unit.tag
+            if self.verify and _cache_key(frag, index) not in self._verified:
+                self._compare(name, frag, index, found)  # type: ignore[arg-type]  # verify: a digest
+
+        try:
+            read_runs(runs, start_read, lambda unit: unit.tag[3], check, in_flight=self.options.reads_at_once)
+        except (TruncatedDataError, IncompleteCheckpointError):
+            for run in runs:  # a damaged pack: read unit by unit, so that the error names the tensor and bytes
+                for unit in run.units:
+                    name, frag, _, out = unit.tag
+                    what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
+                    check(
+                        unit,
+                        self.storage.read_packed_into(
+                            f"data/{frag.key}", unit.offset, [out], what=what, digest=digest
+                        ).result()[0],
+                    )
+            raise
 
     def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Whole logical tensors, one at a time, in name order."""
@@ -182,10 +256,7 @@ class CheckpointReader:
         checksums: what a peer holding the fragment's array serves regions of."""
         entry = self.entry(name)
         out = allocate(region_shape(frag.region), entry.dtype, what=repr(name))
-        if frag.pack_offset is not None or (
-            frag.nbytes <= self.options.small_array_bytes
-            and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
-        ):
+        if self._is_small(frag):
             _assign(out, self._small_chunk(name, frag), entry.dtype)
         elif out.numel():
             self._read_straight(entry, frag, out)
@@ -196,7 +267,7 @@ class CheckpointReader:
         """Read every chunk of one fragment and check it (raises the first problem)."""
         for index in range(chunk_count(region_shape(frag.region), frag.chunk_rows)):
             self._chunk(name, frag, index, prefetch_to=index)
-            self._chunks.pop((frag.key, index), None)
+            self._chunks.pop(_cache_key(frag, index), None)
 
     # -- execution -------------------------------------------------------------
     def _copy(
@@ -243,7 +314,7 @@ class CheckpointReader:
         self, frag: Fragment, src_box: Box, span: FlatRange | None, overlap: Box, target_view: torch.Tensor
     ) -> bool:
         """Whether the copy is a whole fragment into a contiguous CPU destination (read straight into it)."""
-        if not (frag.pack_offset is None and overlap.ndim):
+        if not overlap.ndim:
             return False
         if not (target_view.device.type == "cpu" and target_view.is_contiguous() and target_view.numel()):
             return False
@@ -259,8 +330,19 @@ class CheckpointReader:
         what = f"tensor {entry.name!r} (fragment {frag.key!r} of rank {frag.rank})"
         rows = frag.chunk_rows
         dtype = storage_dtype(entry.dtype)
+        itemsize = torch_dtype(entry.dtype).itemsize
 
         def start(i: int) -> Any:
+            if frag.pack_offset is not None:
+                return _then_first(
+                    self.storage.read_packed_into(
+                        f"data/{frag.key}",
+                        _packed_chunk_start(frag, i, itemsize),
+                        [array[i * rows : (i + 1) * rows]],
+                        what=what,
+                        digest=_checksum.digest if self.verify else None,
+                    )
+                )
             return self.storage.read_chunk_into(
                 f"data/{frag.key}",
                 shape,
@@ -274,13 +356,13 @@ class CheckpointReader:
 
         # A bounded window of reads in flight: a fragment of a million chunks queues no more.
         count = chunk_count(shape, rows)
-        in_flight = self.options.reads_in_flight
+        in_flight = self.options.reads_at_once
         window = deque(start(i) for i in range(min(count, in_flight)))
         for index in range(count):
             found = window.popleft().result()
             if index + in_flight < count:
                 window.append(start(index + in_flight))
-            if self.verify and (frag.key, index) not in self._verified:
+            if self.verify and _cache_key(frag, index) not in self._verified:
                 self._compare(entry.name, frag, index, found)
 
     def _elements(self, name: str, frag: Fragment, lo: int, hi: int, per_chunk: int) -> np.ndarray:
@@ -297,27 +379,41 @@ class CheckpointReader:
             parts.append(chunk[start:stop])
         return np.concatenate(parts)
 
-    def _chunk(self, name: str, frag: Fragment, index: int, *, prefetch_to: int) -> np.ndarray:
-        if frag.pack_offset is not None or (
+    def _is_small(self, frag: Fragment) -> bool:
+        """A one-chunk fragment read whole as plain bytes (packed: through the store's pack window cache)."""
+        return (
             frag.nbytes <= self.options.small_array_bytes
             and chunk_count(region_shape(frag.region), frag.chunk_rows) == 1
-        ):
-            return self._small_chunk(name, frag)
+        )
+
+    def _start_chunk(self, name: str, frag: Fragment, index: int) -> Any:
+        """A future of chunk ``index`` of a fragment (its valid rows) as a new array."""
         what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
         shape = region_shape(frag.region)
         dtype = storage_dtype(self.manifest.tensors[name].dtype)
+        if frag.pack_offset is None:
+            return self.storage.read_chunk(f"data/{frag.key}", shape, dtype, index, frag.chunk_rows, what=what)
+        rows = min(frag.chunk_rows, shape[0] - index * frag.chunk_rows) if shape else 1
+        out = allocate((rows,) + tuple(shape[1:]) if shape else (), self.manifest.tensors[name].dtype, what=what)
+        array = to_numpy(out)
+        start = _packed_chunk_start(frag, index, array.itemsize)
+        return _then_value(self.storage.read_packed_into(f"data/{frag.key}", start, [array], what=what), array)
+
+    def _chunk(self, name: str, frag: Fragment, index: int, *, prefetch_to: int) -> np.ndarray:
+        if self._is_small(frag):
+            return self._small_chunk(name, frag)
         prefetch = self.options.prefetch_chunks
         for ahead in range(index, min(prefetch_to, index + prefetch) + 1):
-            if (frag.key, ahead) not in self._chunks:
-                future = self.storage.read_chunk(f"data/{frag.key}", shape, dtype, ahead, frag.chunk_rows, what=what)
-                self._chunks[(frag.key, ahead)] = (False, future)
-        ready, value = self._chunks[(frag.key, index)]
+            if _cache_key(frag, ahead) not in self._chunks:
+                self._chunks[_cache_key(frag, ahead)] = (False, self._start_chunk(name, frag, ahead))
+        key = _cache_key(frag, index)
+        ready, value = self._chunks[key]
         if not ready:
             value = value.result()
-            if self.verify and (frag.key, index) not in self._verified:
+            if self.verify and key not in self._verified:
                 self._check(name, frag, index, value)
-            self._chunks[(frag.key, index)] = (True, value)
-        self._chunks.move_to_end((frag.key, index))
+            self._chunks[key] = (True, value)
+        self._chunks.move_to_end(key)
         while len(self._chunks) > prefetch + 2:
             self._chunks.popitem(last=False)
         return value
@@ -372,4 +468,18 @@ class CheckpointReader:
 
     @staticmethod
     def storage_chunk_key(array: np.ndarray | None, frag: Fragment, index: int) -> str:
-        return chunk_key((0,) if frag.pack_offset is not None else region_shape(frag.region), index)
+        return chunk_key((1,), 0) if frag.pack_offset is not None else chunk_key(region_shape(frag.region), index)
+
+
+def _then_first(future: Any) -> Any:
+    """A future of the first item of ``future``'s list."""
+    from ucp.stores.base import _then
+
+    return _then(future, lambda found: found[0])
+
+
+def _then_value(future: Any, value: Any) -> Any:
+    """A future of ``value`` once ``future`` is done (or of its exception)."""
+    from ucp.stores.base import _then
+
+    return _then(future, lambda _: value)

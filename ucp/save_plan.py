@@ -10,7 +10,7 @@ tensor; the scale simulator and the tests read the same plan, so the rules exist
     >>> from ucp.spec import LogicalTensor
     >>> fmap = split_fragment_map({"w": LogicalTensor("w", (4096, 1024), "float32")}, rank=1, world_size=2)
     >>> [(w.key, str(w.target), w.chunks) for w in plan_save(fmap, rank=1).writes]
-    [('r1/000000-w', '[2048:4096, 0:1024]', 1)]
+    [('r1/pack-000000', '[2048:4096, 0:1024]', 1)]
 
 The writer learns its tensors one at a time, so the plan is built by folding
 :func:`plan_tensor` over them with a :class:`SaveCursor` (the next counter and the open
@@ -86,8 +86,8 @@ class WriteItem:
     """One fragment: ``target`` (logical coordinates) of ``logical``, taken from ``local`` of the data of
     piece ``piece`` of local tensor ``tensor``, stored under array ``key`` (relative to ``data/``).
 
-    Packed fragments (``pack_offset`` not None) share their pack's key and are written when the
-    pack closes (:class:`ClosePack`); the others are one array each, written right away.
+    Packed fragments (``pack_offset`` not None) share their pack's key: each is written into the
+    open pack right away, and :class:`ClosePack` finishes the file; the others are one array each.
     """
 
     tensor: str
@@ -111,7 +111,7 @@ class WriteItem:
 
 @dataclass(frozen=True)
 class ClosePack:
-    """Write the open pack ``key``: its members, ``nbytes`` with the alignment padding between them."""
+    """Finish the open pack ``key``: ``nbytes`` long, the alignment padding between its members included."""
 
     key: str
     nbytes: int
@@ -173,7 +173,7 @@ def plan_tensor(
             rows = chunk_rows_for(shape, itemsize, chunk_bytes=rules.chunk_bytes)
             chunks = chunk_count(shape, rows)
             item = WriteItem(tensor, index, lt.name, lt.dtype, local, target, "", nbytes, rows, chunks)
-            if rules.pack_max_bytes and 0 < nbytes <= rules.pack_max_bytes and chunks == 1:
+            if 0 < nbytes <= rules.pack_max_bytes:  # any number of chunks (format 3)
                 if cursor.pack_key is None:
                     cursor = replace(
                         cursor,

@@ -25,7 +25,7 @@ from typing import Any
 
 from ucp import checksum as _checksum
 from ucp.errors import ManifestError
-from ucp.manifest_json import SHARDED_FORMAT_VERSION, checked_int, parse_json
+from ucp.manifest_json import SHARDED_FORMAT_VERSION, SHARDED_VERSIONS, checked_int, parse_json
 from ucp.state_schema import check_state_tree
 
 SHARD_DIGEST = "xxh3_64"  # shards are always digested, with or without tensor checksums
@@ -112,10 +112,10 @@ def _check_shard(shard: Any, ref: ShardRef) -> dict:
     where = f"metadata shard {ref.key}"
     if not isinstance(shard, dict):
         raise ManifestError(f"{where}: expected a JSON object at the top level")
-    if shard.get("format_version") != SHARDED_FORMAT_VERSION or shard.get("ranks") != [ref.first, ref.stop]:
+    if shard.get("format_version") not in SHARDED_VERSIONS or shard.get("ranks") != [ref.first, ref.stop]:
         raise ManifestError(
-            f"{where} does not describe ranks {ref.first}..{ref.stop - 1} of a format "
-            f"{SHARDED_FORMAT_VERSION} checkpoint; the checkpoint is damaged"
+            f"{where} does not describe ranks {ref.first}..{ref.stop - 1} of a sharded "
+            f"(format {' or '.join(map(str, SHARDED_VERSIONS))}) checkpoint; the checkpoint is damaged"
         )
     tensors, states = shard.get("tensors"), shard.get("states")
     if not isinstance(tensors, dict) or not all(isinstance(v, list) for v in tensors.values()):

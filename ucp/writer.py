@@ -66,8 +66,8 @@ class CheckpointWriter:
     >>> os.path.exists(os.path.join(path, "manifest.json"))
     True
 
-    ``pack_max_bytes`` (default ``store_options.pack_max_bytes``, 256 KiB; 0 to disable) is the
-    largest fragment packed with others into one file (docs/FORMAT.md, "Packs");
+    ``pack_max_bytes`` (default ``store_options.pack_max_bytes``: every fragment; 0 to disable) is the
+    largest fragment written into the rank's few pack files (docs/FORMAT.md, "Packs");
     ``store_options`` (:class:`~ucp.stores.options.StoreOptions`) tunes the I/O.
     What each tensor writes is planned by :func:`ucp.save_plan.plan_tensor`; how the ranks
     open and commit the save is their :class:`~ucp.coordination.SaveCoordinator`'s business.
@@ -116,7 +116,7 @@ class CheckpointWriter:
         self._bytes = 0
         self._closed = False
         self._cursor = SaveCursor(rank, self._target.key_prefix)
-        self._pack: list[tuple[Any, dict]] = []  # the open pack: (array, fragment entry), written when it closes
+        self._pack: Any = None  # the open pack's writer (ucp.stores.pack_files), once a fragment went in
 
     # -- writing -------------------------------------------------------------
     def add(self, key: str, tensor: torch.Tensor) -> None:
@@ -182,19 +182,21 @@ class CheckpointWriter:
         frag = item.fragment(self.rank).to_dict()
         self._part["fragments"].setdefault(item.logical, []).append(frag)
         self._bytes += array.nbytes
-        if item.pack_offset is not None:  # written from the fragments' memory when the pack closes
-            self._pack.append((array, frag))
-            return
-        attributes = {"ucp": {"dtype": item.dtype, "logical": item.logical, "region": region_to_dict(item.target)}}
         # Checksummed and written by the store's threads from the array itself.
-        futures = self._target.storage.write_array(
-            f"data/{item.key}",
-            array,
-            dtype=storage_dtype(item.dtype),
-            chunk_rows=item.chunk_rows,
-            attributes=attributes,
-            hasher=self._hasher,
-        )
+        if item.pack_offset is not None:
+            if self._pack is None:
+                self._pack = self._target.storage.open_pack(f"data/{item.key}")
+            futures = self._pack.write(item.pack_offset, array, chunk_rows=item.chunk_rows, hasher=self._hasher)
+        else:
+            attributes = {"ucp": {"dtype": item.dtype, "logical": item.logical, "region": region_to_dict(item.target)}}
+            futures = self._target.storage.write_array(
+                f"data/{item.key}",
+                array,
+                dtype=storage_dtype(item.dtype),
+                chunk_rows=item.chunk_rows,
+                attributes=attributes,
+                hasher=self._hasher,
+            )
         frag["checksums"] = [""] * len(futures) if self._checksums else []
         rows = item.chunk_rows
         row_bytes = array.nbytes // shape[0] if shape and shape[0] else array.nbytes
@@ -212,12 +214,9 @@ class CheckpointWriter:
             self._close_pack(step)
 
     def _close_pack(self, step: ClosePack) -> None:
-        arrays, frags = zip(*self._pack)
-        future = self._target.storage.write_pack(
-            f"data/{step.key}", list(arrays), align=self._options.pack_align, hasher=self._hasher
-        )
-        self._pack = []
-        self._queue(future, step.nbytes, functools.partial(_record_pack_checksums, frags))
+        assert self._pack is not None, "a pack closes after its fragments went in"
+        pack, self._pack = self._pack, None
+        self._queue(pack.close(step.nbytes), 0)
 
     def _queue(self, pending: Future, nbytes: int, on_done: Callable[[Any], None] | None = None) -> None:
         """Track one write in flight; every write counts against the in-flight bounds."""
@@ -240,14 +239,14 @@ class CheckpointWriter:
         """Wait until every write queued so far has finished.
 
         After it returns the writer references none of the tensors passed to :meth:`add`
-        (the open pack of small tensors is written out too), so their memory may be reused::
+        (their bytes are in the open pack's file already; the pack stays open for the next), so
+        their memory may be reused::
 
             writer.add("w", staging_buffer)
             writer.flush()
             staging_buffer.copy_(next_tensor)   # safe now
         """
         self._check_open()
-        self._flush_pack()
         self._pump(drain=True)
 
     def set_state(self, tree: Any) -> None:
@@ -300,6 +299,9 @@ class CheckpointWriter:
             except Exception:  # noqa: BLE001 - the save is being thrown away
                 pass
         self._pending.clear()
+        if self._pack is not None:
+            self._pack.abandon()
+            self._pack = None
         self._coord.abort(self._target, self._part, self._part["error"] or reason or f"aborted by rank {self.rank}")
 
     def _release(self) -> None:
@@ -327,11 +329,6 @@ class CheckpointWriter:
 def _record_checksum(checksums: list[str], index: int, found: str | None) -> None:
     if found is not None:
         checksums[index] = found
-
-
-def _record_pack_checksums(frags: tuple[dict, ...], found: list[str | None]) -> None:
-    for frag, digest in zip(frags, found):
-        frag["checksums"] = [digest] if digest is not None else []
 
 
 def _is_dtensor(tensor: Any) -> bool:

@@ -29,7 +29,7 @@ def _worker(rank: int, port: int, root: str) -> None:
         path = f"{root}/ckpt"
         ucp.save(_state(rank), path, spec=_spec(rank), process_group=dist.group.WORLD,
                  store_options=StoreOptions(metadata_shard_min_ranks=1))
-        assert ucp.CheckpointReader(path).manifest.format_version == 2
+        assert ucp.CheckpointReader(path).manifest.format_version == 4
         manager = ReplicaManager(tiers=[MemoryTier(capacity_bytes=64 << 20)], replicas=2, node=f"n{rank}", process_group=dist.group.WORLD)
         rmap = manager.replicate(path)
         assert rmap.arrays and all(len(record.holders) >= 2 for record in rmap.arrays.values())

@@ -218,19 +218,17 @@ def test_absurd_chunking_is_refused(tmp_path):
     )
 
 
-def test_chunk_reads_in_flight_are_bounded(tmp_path, monkeypatch):
-    options = StoreOptions(pack_max_bytes=0, small_array_bytes=-1, chunk_bytes=16)  # 1000 chunks of one row
-    path = tmp_path / "c"
-    big = torch.arange(4000.0).view(1000, 4)
-    ucp.save({"w": big}, path, store_options=options)
-    started = LocalStore.read_chunk_into
-    live = {"now": 0, "most": 0}
+def count_in_flight(monkeypatch, cls, name: str) -> dict:
+    """A spy on ``cls.name`` (a method returning a future): counts calls and the most in flight, changes nothing."""
+    started = getattr(cls, name)
+    live = {"now": 0, "most": 0, "calls": 0}
     lock = threading.Lock()
 
     def counting(self, *args, **kwargs):
         future = started(self, *args, **kwargs)
         with lock:
             live["now"] += 1
+            live["calls"] += 1
             live["most"] = max(live["most"], live["now"])
 
         def done(_):
@@ -240,6 +238,15 @@ def test_chunk_reads_in_flight_are_bounded(tmp_path, monkeypatch):
         future.add_done_callback(done)
         return future
 
-    monkeypatch.setattr(LocalStore, "read_chunk_into", counting)  # a spy: counts, changes nothing
+    monkeypatch.setattr(cls, name, counting)
+    return live
+
+
+def test_chunk_reads_in_flight_are_bounded(tmp_path, monkeypatch):
+    options = StoreOptions(pack_max_bytes=0, small_array_bytes=-1, chunk_bytes=16)  # 1000 chunks of one row
+    path = tmp_path / "c"
+    big = torch.arange(4000.0).view(1000, 4)
+    ucp.save({"w": big}, path, store_options=options)
+    live = count_in_flight(monkeypatch, LocalStore, "read_chunk_into")
     assert torch.equal(ucp.load(path, store_options=options)["w"], big)
-    assert live["most"] <= options.reads_in_flight
+    assert live["most"] <= options.reads_at_once

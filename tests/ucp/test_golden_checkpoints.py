@@ -18,10 +18,14 @@ import ucp
 from ucp.stores import StoreOptions
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-VERSIONS = {1: GOLDEN / "v1-checkpoint"}
-# Small chunks and packs, so that a few tensors exercise every kind of stored array: multi-chunk
-# arrays (with an uneven last chunk), one-chunk arrays, packs and a 0-d tensor.
-OPTIONS = StoreOptions(chunk_bytes=256, pack_max_bytes=64, pack_target_bytes=128)
+VERSIONS = {1: GOLDEN / "v1-checkpoint", 3: GOLDEN / "v3-checkpoint"}
+# Small chunks and packs, so that a few tensors exercise every kind of stored array. Format 1:
+# multi-chunk arrays (with an uneven last chunk), one-chunk arrays, packs of small fragments and
+# a 0-d tensor; format 3: packed fragments of several chunks, in three packs.
+OPTIONS = {
+    1: StoreOptions(chunk_bytes=256, pack_max_bytes=64, pack_target_bytes=128),
+    3: StoreOptions(chunk_bytes=256, pack_target_bytes=512),
+}
 
 
 def golden_state() -> dict:
@@ -60,7 +64,7 @@ def test_write_golden_checkpoint():
     version = int(os.environ["UCP_WRITE_GOLDEN_CHECKPOINT"])
     path = GOLDEN / f"v{version}-checkpoint"
     assert not path.exists(), f"{path} exists: golden checkpoints are written once"
-    ucp.save(golden_state(), path, store_options=OPTIONS)
+    ucp.save(golden_state(), path, store_options=OPTIONS[version])
     assert json.loads((path / "manifest.json").read_text())["format_version"] == version
 
 

@@ -119,7 +119,7 @@ def test_deleted_fragment_or_chunk_is_incomplete(tmp_path, io_path):
     "edit,error,message",
     [
         (lambda m: "{not json", ucp.ManifestError, "manifest.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); the checkpoint is damaged - load an older checkpoint"),
-        (lambda m: json.dumps({**m, "format_version": 999}), ucp.FormatVersionError, "manifest.json has format_version 999; this reader understands 1 and 2 (upgrade ucp-middleware to read newer checkpoints)"),
+        (lambda m: json.dumps({**m, "format_version": 999}), ucp.FormatVersionError, "manifest.json has format_version 999; this reader understands 1, 2, 3, 4 (upgrade ucp-middleware to read newer checkpoints)"),
         (lambda m: json.dumps({**m, "tensors": {**m["tensors"], "model/w": {**m["tensors"]["model/w"], "shape": [2, 6]}}}),
          ucp.ManifestError, "manifest.json: tensor 'model/w' fragment 'r0/pack-000000': region does not fit shape [2, 6] (box [0:3, 0:4] does not fit in shape (2, 6))"),
         (lambda m: json.dumps({**m, "tensors": {**m["tensors"], "model/w": {**m["tensors"]["model/w"], "shape": [4, 4]}}}),

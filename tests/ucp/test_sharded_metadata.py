@@ -132,7 +132,7 @@ def saved(tmp_path_factory):
 @needs_processes
 def test_five_ranks_write_two_shards_and_a_root(saved):
     root = json.loads((saved / "good" / "manifest.json").read_text())
-    assert root["format_version"] == 2 and "states" not in root
+    assert root["format_version"] == 4 and "states" not in root
     assert [s["ranks"] for s in root["shards"]] == [[0, 3], [3, 5]]
     assert root["tensors"]["a"]["shards"] == [0] and root["tensors"]["b"]["shards"] == [1]
     assert root["tensors"]["w"]["shards"] == [0, 1]
@@ -143,7 +143,7 @@ def test_five_ranks_write_two_shards_and_a_root(saved):
     from ucp.summary import describe
 
     summary = describe(saved / "good")  # ucp inspect
-    assert summary.format_version == 2 and summary.world_size == 5 and len(summary.tensors) == 3
+    assert summary.format_version == 4 and summary.world_size == 5 and len(summary.tensors) == 3
 
 
 @needs_processes

@@ -40,7 +40,8 @@ class BaseStore:
         self.options = options or DEFAULT_OPTIONS
         self.reused = False
         self._threads: ThreadPoolExecutor | None = None
-        self._pack_cache: OrderedDict[str, bytes] = OrderedDict()  # pack -> its bytes, least recent first
+        # (pack, start) -> a window of its bytes, least recent first
+        self._pack_cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._context: Any = None
         self._arrays: Any = None  # a TensorstoreArrays, made when an array first goes through tensorstore
 
@@ -50,6 +51,9 @@ class BaseStore:
         def read_range(
             self, rel: str, start: int, length: int, *, what: str | None = None
         ) -> tuple[bytes, int | None]: ...
+        def write_pack(
+            self, rel: str, arrays: list[np.ndarray], *, align: int, hasher: Callable[[], Any] | None = None
+        ) -> Future: ...
         def _write_plain(
             self,
             rel: str,
@@ -206,31 +210,80 @@ class BaseStore:
     def read_packed(
         self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str, extent: int
     ) -> np.ndarray:
-        """Read one packed fragment: a byte range of a pack array's only chunk.
+        """Read one small packed fragment: a byte range of a pack array's only chunk.
 
-        The first ``extent`` bytes of the packs read last (as far as the manifest's fragments of
-        each reach; packs are ~16 MiB) are kept, up to ``options.pack_cache_bytes``, so the many
-        small tensors of a pack cost one read, not one each, even when a load takes turns
-        between the packs of several source ranks.
+        A window of the pack from the fragment on is read (a quarter of
+        ``options.pack_cache_bytes``, never past ``extent``: as far as the manifest's fragments
+        of the pack reach) and the windows read last are kept, up to ``options.pack_cache_bytes``,
+        so the many small tensors of a pack cost one read, not one each, even when a load takes
+        turns between the packs of several source ranks.
         """
-        name = chunk_key((0,), 0)
+        name = chunk_key((1,), 0)
         np_dtype = np.dtype(dtype).newbyteorder("<")
         nbytes = math.prod(shape) * np_dtype.itemsize
-        pack = self._pack_cache.get(rel)
-        if pack is None:
+        held = next(
+            (
+                (key, data)
+                for key, data in reversed(self._pack_cache.items())
+                if key[0] == rel and key[1] <= offset and offset + nbytes <= key[1] + len(data)
+            ),
+            None,
+        )
+        if held is None:
+            length = max(nbytes, min(extent - offset, self.options.pack_cache_bytes // 4))
             try:
-                pack = self.read_range(posixpath.join(rel, name), 0, extent, what=what)[0]
+                window = self.read_range(posixpath.join(rel, name), offset, length, what=what)[0]
             except FileNotFoundError:
                 raise errors.missing(what, self.display(rel, name)) from None
-            self._pack_cache[rel] = pack
-            held = sum(len(b) for b in self._pack_cache.values())
-            while held > self.options.pack_cache_bytes and len(self._pack_cache) > 1:
-                held -= len(self._pack_cache.popitem(last=False)[1])
-        self._pack_cache.move_to_end(rel)
-        data = pack[offset : offset + nbytes]
+            if len(window) < nbytes:
+                raise errors.short_pack(what, self.display(rel, name), offset, offset + nbytes, len(window))
+            held = ((rel, offset), window)
+            self._pack_cache[held[0]] = window
+            total = sum(len(b) for b in self._pack_cache.values())
+            while total > self.options.pack_cache_bytes and len(self._pack_cache) > 1:
+                total -= len(self._pack_cache.popitem(last=False)[1])
+        (key, data) = held
+        self._pack_cache.move_to_end(key)
+        start = offset - key[1]
+        return np.frombuffer(bytearray(data[start : start + nbytes]), dtype=np_dtype).reshape(shape)
+
+    def open_pack(self, rel: str) -> Any:
+        """A writer of the pack ``rel``, filled fragment by fragment (:mod:`ucp.stores.pack_files`)."""
+        from ucp.stores.pack_files import BufferedPackWriter
+
+        return BufferedPackWriter(rel, self.write_pack)
+
+    def read_packed_into(
+        self,
+        rel: str,
+        start: int,
+        outs: list[np.ndarray],
+        *,
+        what: str,
+        digest: Callable[[np.ndarray], str] | None = None,
+    ) -> Future:
+        """Start reading pack bytes from ``start`` into ``outs``, back to back; a future of ``[digest(out)]``.
+
+        Nothing is read unless the pack holds every byte asked for (TruncatedDataError otherwise).
+        """
+        return self._pool().submit(self._read_packed_into, rel, start, outs, what, digest)
+
+    def _read_packed_into(
+        self, rel: str, start: int, outs: list[np.ndarray], what: str, digest: Callable[[np.ndarray], str] | None
+    ) -> list[str | None]:
+        name = chunk_key((1,), 0)
+        nbytes = sum(o.nbytes for o in outs)
+        try:
+            data, size = self.read_range(posixpath.join(rel, name), start, nbytes, what=what)
+        except FileNotFoundError:
+            raise errors.missing(what, self.display(rel, name)) from None
         if len(data) != nbytes:
-            raise errors.short_pack(what, self.display(rel, name), offset, offset + nbytes, len(data))
-        return np.frombuffer(bytearray(data), dtype=np_dtype).reshape(shape)
+            raise errors.short_pack(what, self.display(rel, name), start, start + nbytes, len(data))
+        at = 0
+        for out in outs:
+            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, out.nbytes, at)
+            at += out.nbytes
+        return [digest(o) if digest is not None else None for o in outs]
 
     def close(self) -> None:
         """Let this store's I/O threads go (it stays usable; a later call starts new ones)."""
@@ -244,7 +297,7 @@ class BaseStore:
     def _pool(self) -> ThreadPoolExecutor:
         # File creation is latency-bound (metadata ops); a few threads overlap it.
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=self.options.io_threads, thread_name_prefix="ucp-io")
+            self._threads = ThreadPoolExecutor(max_workers=self.options.threads, thread_name_prefix="ucp-io")
         return self._threads
 
     # -- commit helpers every strategy shares ----------------------------------------------

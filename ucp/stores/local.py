@@ -213,6 +213,39 @@ class LocalStore(BaseStore):
             self._write_file, os.path.join(directory, chunk_key((total,), 0)), arrays, align, total, hasher, every=True
         )
 
+    def open_pack(self, rel: str) -> Any:
+        """A pack written in place by the I/O threads, straight from each fragment's memory."""
+        from ucp.stores.pack_files import LocalPackWriter
+
+        return LocalPackWriter(
+            self.path(rel),
+            self._pool(),
+            piece_bytes=self.options.write_piece_bytes,
+            fresh=self.reused,
+            on_synced=self._synced.add,
+        )
+
+    def _read_packed_into(
+        self, rel: str, start: int, outs: list[np.ndarray], what: str, digest: Callable[[np.ndarray], str] | None
+    ) -> list[str | None]:
+        """One ``preadv`` straight into the destinations, after the file's size is checked."""
+        name = chunk_key((1,), 0)
+        nbytes = sum(o.nbytes for o in outs)
+        try:
+            size, got = confined.read_range_into(
+                self.root,
+                os.path.join(rel, name),
+                start,
+                [o.reshape(-1).view(np.uint8).data for o in outs],
+                real=self._real(),
+                what=what,
+            )
+        except FileNotFoundError:
+            raise errors.missing(what, self.path(rel, name)) from None
+        if got != nbytes:
+            raise errors.short_pack(what, self.path(rel, name), start, start + nbytes, max(0, size - start))
+        return [digest(o) if digest is not None else None for o in outs]
+
     def _create_array(self, rel: str, metadata: dict) -> str:
         """Write an array's ``zarr.json``; its directory."""
         directory = self.path(rel)

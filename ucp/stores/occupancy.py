@@ -88,7 +88,7 @@ def array_entries(manifest: bytes) -> set[str]:
     """
     try:
         data = json.loads(manifest)
-        if data.get("format_version") == 2:
+        if data.get("format_version") in (2, 4):  # a sharded root (docs/FORMAT.md 9.1)
             keys = [shard["key"].split("/") for shard in data["shards"]]
             tops = {parts[1] for parts in keys if len(parts) > 2 and parts[0] == DATA_DIR}
             if "meta" in tops:

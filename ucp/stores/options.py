@@ -8,7 +8,7 @@ an I/O path by passing one instead of patching private globals::
 
     >>> opts = StoreOptions.parse("chunk_bytes=64,pack_max_bytes=0")
     >>> opts.chunk_bytes, opts.pack_max_bytes, opts.io_threads
-    (64, 0, 4)
+    (64, 0, 0)
     >>> StoreOptions.from_dict(opts.to_dict()) == opts
     True
     >>> str(opts)
@@ -17,6 +17,7 @@ an I/O path by passing one instead of patching private globals::
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -36,22 +37,25 @@ class StoreOptions:
     # Target bytes per chunk: large, so a partial read touches few chunk files, and
     # bounded, so a read buffer (one chunk) stays small next to a shard.
     chunk_bytes: int = 32 << 20
-    # Threads that write, read and fsync plain chunk files: I/O overlaps, and hashing with it.
-    io_threads: int = 4
+    # Threads that write, read and fsync packs and chunk files: I/O overlaps, and hashing with it.
+    # 0: from the machine (``threads``): a thread per core hashes and copies at memory speed, at
+    # least 4 keep a disk's queue full, at most 16.
+    io_threads: int = 0
     # Plain chunk writes go in pieces this big, each hashed right before it is written.
     write_piece_bytes: int = 1 << 20
-    # Fragments up to this size are packed into a few files per rank (docs/FORMAT.md,
-    # "Packs"); 0 gives every fragment its own array.
-    pack_max_bytes: int = 256 << 10
-    pack_target_bytes: int = 16 << 20
+    # Fragments up to this size (by default: all) go into a few large pack files per rank,
+    # each closed once it holds pack_target_bytes (docs/FORMAT.md, "Packs"): a rank writes
+    # and fsyncs a few files instead of one or more per fragment. 0 gives every fragment its own array.
+    pack_max_bytes: int = 1 << 40
+    pack_target_bytes: int = 1 << 30
     pack_align: int = 64
     # Writes kept in flight: enough to keep the disk busy with many small tensors, few enough
     # that buffers of writes stay bounded (every in-flight byte counts, copied or not).
     max_inflight: int = 64
     max_inflight_bytes: int = 64 << 20
-    # Chunks read ahead within one copy; whole-fragment reads in flight at once.
+    # Chunks read ahead within one copy; whole-fragment reads in flight at once (0: twice ``threads``).
     prefetch_chunks: int = 2
-    reads_in_flight: int = 8
+    reads_in_flight: int = 0
     # Bytes of packs a reader keeps (least recently used dropped first; the newest is always
     # kept). A rank loading under another layout takes each tensor's pieces from several source
     # ranks' packs in turn: with one pack kept, every switch re-read a whole pack (~16 MiB) for
@@ -75,9 +79,35 @@ class StoreOptions:
                 if not isinstance(value, bool):
                     raise InvalidArgumentError(f"StoreOptions.{f.name} must be True or False, got {value!r}")
                 continue
-            low = -1 if f.name == "small_array_bytes" else 0 if f.name in ("pack_max_bytes", "prefetch_chunks") else 1
+            low = (
+                -1
+                if f.name == "small_array_bytes"
+                else 0
+                if f.name in ("pack_max_bytes", "prefetch_chunks", "io_threads", "reads_in_flight")
+                else 1
+            )
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"StoreOptions.{f.name} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def threads(self) -> int:
+        """The I/O threads: ``io_threads``, or for 0 one per core of this process, between 4 and 16.
+
+        >>> StoreOptions(io_threads=3).threads
+        3
+        """
+        if self.io_threads:
+            return self.io_threads
+        try:
+            cores = len(os.sched_getaffinity(0))  # the cores this process may run on (a container's share)
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+        return min(16, max(4, cores))
+
+    @property
+    def reads_at_once(self) -> int:
+        """Reads kept in flight: ``reads_in_flight``, or for 0 two per I/O thread."""
+        return self.reads_in_flight or 2 * self.threads
 
     def with_(self, **changes: Any) -> "StoreOptions":
         """A copy with some fields changed (checked like the constructor)."""

@@ -79,6 +79,16 @@ class Store(Protocol):
         what: str,
         digest: Callable[[np.ndarray], str] | None = None,
     ) -> Future: ...
+    def open_pack(self, rel: str) -> Any: ...  # a ucp.stores.pack_files.PackWriter
+    def read_packed_into(
+        self,
+        rel: str,
+        start: int,
+        outs: list[np.ndarray],
+        *,
+        what: str,
+        digest: Callable[[np.ndarray], str] | None = None,
+    ) -> Future: ...
     def read_small(self, rel: str, shape: tuple[int, ...], dtype: str, *, what: str) -> np.ndarray: ...
     def read_packed(
         self, rel: str, offset: int, shape: tuple[int, ...], dtype: str, *, what: str, extent: int

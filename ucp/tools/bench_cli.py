@@ -41,12 +41,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--repeats", type=int, default=5, help="repeats per method (default 5)")
     parser.add_argument(
+        "--state",
+        choices=("matrices", "adam"),
+        default="matrices",
+        help="the state: 8 large matrices + 512 vectors (default), or adam: bf16 parameters of a transformer "
+        "with fp32 masters and both Adam moments",
+    )
+    parser.add_argument(
         "--stat",
         choices=("min", "median"),
         default="median",
         help="statistic of the repeats for tables and ratios: median (default) or min (best)",
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probes (fresh subprocesses)")
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated methods to run (default: all; raw, torch.save, safetensors, dcp, ucp, ucp-nocrc); "
+        "memcpy always runs",
+    )
+    parser.add_argument("--no-async", action="store_true", help="skip the async-save rows")
     parser.add_argument("--drop-caches", action="store_true",
                         help="also empty the whole page cache (/proc/sys/vm/drop_caches, root) before each load")
     parser.add_argument("--no-cold-start", action="store_true",
@@ -81,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, "ucp bench", "--size-gib must be a positive number")
     if args.repeats < 1:
         return fail(args, "ucp bench", "--repeats must be at least 1")
+    from ucp.tools.bench.core_bench import METHODS
+
+    unknown = sorted(set(args.methods.split(",")) - set(METHODS)) if args.methods else []
+    if unknown:
+        return fail(args, "ucp bench", f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     dirs = [Path(d) for d in args.dirs.split(",") if d] if args.dirs else _default_dirs()
     if not dirs:
         return fail(args, "ucp bench", "--dirs names no directory")
@@ -93,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     with _status("benchmarking") as update:
         report = run_benchmark(
             size_gib=args.size_gib,
+            kind=args.state,
+            methods=args.methods.split(",") if args.methods else None,
+            async_save=not args.no_async,
             dirs=dirs,
             repeats=args.repeats,
             measure_rss=not args.no_rss,

@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     from ucp.tools.bench.state_recipe import StateRecipe, build_state
 
     size_gib, directory = float(argv[0]), Path(argv[1])
-    state = build_state(StateRecipe(size_gib=size_gib))
+    state = build_state(StateRecipe(size_gib=size_gib, kind=argv[2] if len(argv) > 2 else "matrices"))
     template = {k: torch.empty_like(v) for k, v in state.items()}
     for t in template.values():  # the caller's memory exists already, as in training
         t.zero_()
@@ -61,12 +61,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def measure_cold_start(*, size_gib: float, directory: Path, runs: int = 3) -> list[tuple[tuple, tuple]]:
+def measure_cold_start(
+    *, size_gib: float, directory: Path, runs: int = 3, kind: str = "matrices"
+) -> list[tuple[tuple, tuple]]:
     """``runs`` fresh interpreters: ``[((first save s, first load s), (warm save s, warm load s)), ...]``."""
     repo_root = Path(__file__).resolve().parents[3]
     out = []
     for _ in range(runs):
-        done = subprocess.run([sys.executable, "-m", "ucp.tools.bench.cold_start", str(size_gib), str(directory)],
+        done = subprocess.run([sys.executable, "-m", "ucp.tools.bench.cold_start", str(size_gib), str(directory), kind],
                               cwd=repo_root, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"cold-start probe failed:\n{done.stderr[-2000:]}")

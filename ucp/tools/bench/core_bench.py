@@ -331,9 +331,14 @@ def run_benchmark(
     drop_caches: bool = False,
     statistic: str = "median",
     progress: Callable[[str], None] | None = None,
+    kind: str = "matrices",
+    async_save: bool = True,
 ) -> BenchReport:
-    """Run every method on every directory ``repeats`` times, interleaved and rotated; see the module docstring."""
-    recipe = StateRecipe(size_gib=size_gib)
+    """Run every method on every directory ``repeats`` times, interleaved and rotated; see the module docstring.
+
+    ``kind`` picks the state (:class:`StateRecipe`: "matrices", or "adam" for a mixed-precision training state).
+    """
+    recipe = StateRecipe(size_gib=size_gib, kind=kind)
     state = build_state(recipe)
     template = {k: torch.empty_like(v) for k, v in state.items()}
     if statistic not in ("min", "median"):
@@ -345,7 +350,7 @@ def run_benchmark(
         names = [n for n in names if not n.startswith("ucp")]
         report.notes.append("ucp.save/ucp.load not importable: ucp rows skipped")
     saver = None
-    if have_ucp and "ucp" in names:
+    if have_ucp and "ucp" in names and async_save:
         from ucp.async_saver import AsyncSaver
 
         saver = AsyncSaver()
@@ -385,7 +390,7 @@ def run_benchmark(
                 from ucp.tools.bench.cold_start import measure_cold_start
 
                 say(f"{directory} · ucp first save/load in fresh processes")
-                for first, warm in measure_cold_start(size_gib=size_gib, directory=work, runs=min(repeats, 3)):
+                for first, warm in measure_cold_start(size_gib=size_gib, directory=work, runs=min(repeats, 3), kind=kind):
                     report.timings.append(Timing("ucp-first", str(directory), *first))
                     report.timings.append(Timing("ucp-warm", str(directory), *warm))
         finally:

@@ -19,12 +19,19 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class StateRecipe:
-    """Shape of the benchmark state: ``large`` matrices carry ~90% of the bytes, ``small`` vectors the rest."""
+    """Shape of the benchmark state: ``large`` matrices carry ~90% of the bytes, ``small`` vectors the rest.
+
+    ``kind="adam"`` is a mixed-precision training state instead: the parameters of ``layers``
+    transformer layers (hidden size from ``size_gib``) in bfloat16, with their float32 master
+    copies and both Adam moments (14 bytes per parameter, 4 tensors per parameter).
+    """
 
     size_gib: float = 1.0
     large: int = 8
     small: int = 512
     seed: int = 0
+    kind: str = "matrices"
+    layers: int = 11
 
 
 def build_state(recipe: StateRecipe) -> dict[str, torch.Tensor]:
@@ -34,6 +41,10 @@ def build_state(recipe: StateRecipe) -> dict[str, torch.Tensor]:
     """
     total = int(recipe.size_gib * GIB)
     generator = torch.Generator().manual_seed(recipe.seed)
+    if recipe.kind == "adam":
+        return _adam_state(total, recipe.layers, generator)
+    if recipe.kind != "matrices":
+        raise ValueError(f"unknown state kind {recipe.kind!r}: 'matrices' or 'adam'")
     state: dict[str, torch.Tensor] = {}
     large_bytes = total * 9 // 10 // recipe.large
     for i in range(recipe.large):
@@ -46,6 +57,34 @@ def build_state(recipe: StateRecipe) -> dict[str, torch.Tensor]:
         dtype = torch.float32 if i % 2 == 0 else torch.bfloat16
         numel = max(1, small_bytes // torch.empty((), dtype=dtype).element_size())
         state[f"optim/vec.{i}"] = torch.empty(numel, dtype=dtype).normal_(generator=generator)
+    return state
+
+
+# A transformer layer's parameters, in units of the hidden size h: (rows, cols) or (rows,).
+_LAYER = {
+    "qkv.weight": (3, 1),
+    "proj.weight": (1, 1),
+    "fc1.weight": (4, 1),
+    "fc2.weight": (1, 4),
+    "ln1.weight": (1,),
+    "ln2.weight": (1,),
+    "fc1.bias": (4,),
+    "proj.bias": (1,),
+}
+
+
+def _adam_state(total: int, layers: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """bf16 parameters + fp32 masters + exp_avg + exp_avg_sq of ``layers`` layers and an embedding."""
+    # 14 bytes per parameter; a layer holds 12 h^2 + 7 h parameters, the embedding 4 h^2 (a 4h vocabulary).
+    hidden = max(64, round((total / 14 / (12 * layers + 4)) ** 0.5 / 64) * 64)
+    shapes = {"embed.weight": (4 * hidden, hidden), "final_norm.weight": (hidden,)}
+    for i in range(layers):
+        shapes.update({f"layers.{i}.{n}": tuple(d * hidden for d in s) for n, s in _LAYER.items()})
+    state: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        state[f"model/{name}"] = torch.empty(shape, dtype=torch.bfloat16).normal_(generator=generator)
+        for part in ("fp32", "exp_avg", "exp_avg_sq"):
+            state[f"optim/{part}/{name}"] = torch.empty(shape, dtype=torch.float32).normal_(generator=generator)
     return state
 
 
