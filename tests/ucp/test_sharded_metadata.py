@@ -148,7 +148,7 @@ def test_five_ranks_write_two_shards_and_a_root(saved):
 
 @needs_processes
 def test_root_and_shard_match_golden(saved):
-    """Pin format 2 on disk (regenerate with UCP_REGEN_GOLDEN=1 after an intended change)."""
+    """Pin format 4 (a sharded root) on disk (regenerate with UCP_REGEN_GOLDEN=1 after an intended change)."""
     root = json.loads((saved / "good" / "manifest.json").read_text())
     assert root.pop("created").endswith("+00:00")  # the only volatile field
     shard = json.loads((saved / "good" / root["shards"][1]["key"]).read_text())
