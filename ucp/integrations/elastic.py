@@ -129,8 +129,14 @@ class ElasticContext:
         """(Re)create the default process group for this membership over a fresh store prefix
         (``world``: the first ``world`` ranks only, e.g. the training ones)."""
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
         self.leave()
+        # torch gives every group made with new_group (a device mesh's, FSDP2's, a trainer's own) a
+        # 30-minute default timeout, and gloo cannot abort a collective: a survivor blocked in one with
+        # a live peer that has already left for the next generation waits until that timeout. Every
+        # group of this process gets the collective timeout instead, which bounds that wait.
+        c10d.default_pg_timeout = timedelta(seconds=self.collective_timeout_s)
         m = self.membership
         prefix = f"pg/{m.generation}/{tag}"
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self.store), rank=m.rank,

@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,18 +175,22 @@ def _agree(problem: str | None, group) -> None:
             raise ReplicaError(text if r == rank else f"resharding from memory failed on rank {r}: {text}")
 
 
-def _newest(tiers: Sequence[ReplicaTier], group) -> tuple[str, CheckpointMeta]:
-    """The newest checkpoint any rank holds (by its replication generation), and its meta."""
+def _newest(tiers: Sequence[ReplicaTier], group, complete: Collection[str] | None = None) -> tuple[str, CheckpointMeta]:
+    """The newest checkpoint any rank holds (by its replication generation), and its meta.
+
+    ``complete``: the checkpoint paths this rank saw replicated on every rank (None: every held
+    one counts); a checkpoint no rank lists is passed over, so a half-replicated one is never used.
+    """
     mine = {}
     for tier in tiers:
         for ck in tier.checkpoints():
             meta = tier.get_meta(ck)
-            if meta is not None:
+            if meta is not None and (complete is None or meta.path in complete):
                 mine[ck] = meta.generation
     everyone = _gather(mine, group)
     known = {ck: gen for part in everyone for ck, gen in part.items()}
     if not known:
-        raise ReplicaError("no surviving rank holds a replicated checkpoint in memory; restore from storage")
+        raise ReplicaError("no surviving rank holds a completely replicated checkpoint in memory; restore from storage")
     ck = max(known, key=lambda c: (known[c], c))
     source = next(r for r, part in enumerate(everyone) if ck in part)
     box = [next(m for m in (t.get_meta(ck) for t in tiers) if m is not None) if dist.get_rank(group) == source else None]
@@ -194,7 +198,8 @@ def _newest(tiers: Sequence[ReplicaTier], group) -> tuple[str, CheckpointMeta]:
     return ck, box[0]
 
 
-def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_bytes: int = ROUND_BYTES) -> int:
+def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_bytes: int = ROUND_BYTES,
+              complete: Collection[str] | None = None) -> int:
     """Ranks ``active`` and up (about to leave the job) send the arrays of the newest held checkpoint
     that no rank below ``active`` holds to one that does not (spread over them), which keeps them
     in its first tier; a collective. Returns the bytes this rank received.
@@ -204,7 +209,7 @@ def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_by
     in the reshard itself. Only copies whose digest matches are handed over (:func:`held_arrays`).
     """
     world = dist.get_world_size(group)
-    ck, meta = _newest(tiers, group)
+    ck, meta = _newest(tiers, group, complete)
     rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
     blobs, _ = held_arrays(tiers, ck, rmap)
     everyone = _gather({key: len(blob) for key, blob in blobs.items()}, group)
@@ -231,17 +236,18 @@ def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_by
 
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES) -> tuple[Any, dict[str, torch.Tensor], FragmentMap,
-                                                                              HotLoadReport]:
+                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None
+                        ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
 
     ``make_target(logical)`` returns this rank's load-direction fragment map and zeroed
-    local tensors (``logical``: name -> LogicalTensor, from the held manifest). Returns the
+    local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
+    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`). Returns the
     checkpoint's JSON tree for this rank, the filled tensors, the map and a report.
     """
     began = time.perf_counter()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    ck, meta = _newest(tiers, group)
+    ck, meta = _newest(tiers, group, complete)
     files = CheckpointFiles(meta.path)
     manifest = Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
                                   checkpoint=meta.path, read_shard=files.read_shard)
