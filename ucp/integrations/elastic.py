@@ -138,9 +138,13 @@ class ElasticContext:
         # group of this process gets the collective timeout instead, which bounds that wait.
         c10d.default_pg_timeout = timedelta(seconds=self.collective_timeout_s)
         m = self.membership
+        world_size = m.world if world is None else world
+        # what torchrun sets, which some engines read (DeepSpeed asserts LOCAL_RANK); one host here
+        os.environ.update(RANK=str(m.rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(m.rank),
+                          LOCAL_WORLD_SIZE=str(world_size))
         prefix = f"pg/{m.generation}/{tag}"
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self.store), rank=m.rank,
-                                world_size=m.world if world is None else world,
+                                world_size=world_size,
                                 timeout=timedelta(seconds=self.collective_timeout_s))
         self._formed = prefix
 

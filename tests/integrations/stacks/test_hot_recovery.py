@@ -98,3 +98,14 @@ def test_a_snapshot_every_two_steps_bounds_the_lost_work_and_a_spare_takes_the_l
     assert sorted(report.losses) == list(range(1, 8))
     for step, loss in report.losses.items():
         assert abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4, (step, loss, reference[step - 1])
+
+
+@pytest.mark.slow
+def test_a_deepspeed_zero_engine_is_built_again_in_process_and_filled_from_memory(tmp_path):
+    # dp=3 with ZeRO-1 loses a rank; the survivors release DeepSpeed's cached groups, build a dp=2
+    # engine in the same processes and fill its flat partitions from their own and each other's memory
+    plan = HotPlan(layout="dp=3,zero=1", stack="deepspeed", steps=6, kill_uid=2)
+    report = run_hot(plan, tmp_path / "run", timeout_s=300)
+    _check(report, 6)
+    assert report.layout_after == "dp=2,zero=1"
+    assert report.elements["storage"] == 0 and report.elements["own"] > 0 and report.elements["peer"] > 0

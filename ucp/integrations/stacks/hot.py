@@ -1,7 +1,7 @@
 """Hot recovery, timed: a rank is SIGKILLed and the survivors go on without restarting.
 
-:func:`run_hot` runs the Megatron-style stack (TP/PP/DP, the distributed optimizer) or the
-torch-native one (FSDP2 + DTensor TP) under an :class:`~ucp.integrations.elastic.ElasticAgent`. Every ``save_every`` steps the ranks save a
+:func:`run_hot` runs the Megatron-style stack (TP/PP/DP, the distributed optimizer), the
+torch-native one (FSDP2 + DTensor TP) or DeepSpeed ZeRO under an :class:`~ucp.integrations.elastic.ElasticAgent`. Every ``save_every`` steps the ranks save a
 universal checkpoint and replicate its arrays into peers' memory
 (:class:`~ucp.replication.replicas.ReplicaManager`: each rank keeps its own arrays and one
 peer holds a copy). After step ``kill_after_step`` (a checkpoint committed) one process
@@ -41,7 +41,7 @@ class HotPlan:
     """What runs, where it fails, and the faults injected while it recovers."""
 
     layout: str
-    stack: str = "megatron"  # or "native" (FSDP2 + DTensor TP); see ucp.integrations.stacks.hot_stacks
+    stack: str = "megatron"  # "native" (FSDP2 + DTensor TP), "deepspeed" (ZeRO); see stacks/hot_stacks.py
     model: str = ""
     settings: TrainSettings = field(default_factory=TrainSettings)
     steps: int = 8
@@ -65,8 +65,7 @@ class HotPlan:
         from ucp.integrations.stacks.hot_stacks import HOT_STACKS
 
         if self.stack not in HOT_STACKS:
-            raise ValueError(f"hot recovery runs the {' and '.join(HOT_STACKS)} stacks, not {self.stack!r}; "
-                             "a DeepSpeed job recovers by a ucp restart (docs/RECOVERY.md)")
+            raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {self.stack!r}")
         first = min(self.save_every, self.snapshot_every or self.save_every)
         if not first <= self.kill_after_step < self.steps:
             raise ValueError(f"kill_after_step ({self.kill_after_step}) must be at least save_every or "
@@ -245,7 +244,7 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir:
 def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[dict], Any] | None = None,
             timeout_s: float = 600.0) -> HotReport:
     """Run ``plan`` in ``directory`` (emptied first); see the module doc."""
-    from ucp.integrations.launch import WITH_DEEPSPEED  # noqa: F401 - the fork server's imports are shared
+    from ucp.integrations.launch import WITH_DEEPSPEED
     from ucp.integrations.stacks.hot_stacks import layout_check
 
     directory = os.fspath(directory)
@@ -257,6 +256,7 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
 
     snapshot_dir = default_snapshot_directory() if plan.snapshot_every else ""
     agent = ElasticAgent(hot_worker, args=(plan, directory, snapshot_dir), layout=plan.layout, spares=plan.spares,
+                         **({"preload": WITH_DEEPSPEED} if plan.stack == "deepspeed" else {}),
                          check=layout_check(plan.stack, plan.model, plan.settings), override=plan.override,
                          collective_timeout_s=plan.collective_timeout_s, hang_timeout_s=plan.hang_timeout_s)
     times: dict[str, float] = {}

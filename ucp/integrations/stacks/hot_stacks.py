@@ -16,6 +16,10 @@ newest checkpoint held in memory (None on a rank left idle):
   training rank (:func:`ucp.replication.hot_reshard.hand_over`) and leave; the training
   ranks form their group, build the model under the new layout (``init=False``: no
   initial weights drawn) and reshard straight into its DTensors' local shards.
+* **deepspeed** (ZeRO 1-3, data parallel): the same order, since a DeepSpeed engine also
+  spans the default group; the map is the stack's UCL program, and the tensors are copied
+  into the new engine's flat partitions. DeepSpeed keeps its groups in module globals, which
+  are released first, or the new engine would reuse the old generation's.
 
 The model and optimizer objects are built anew in both: they hold the old generation's
 process groups (DTensor's device mesh, FSDP2's and the distributed optimizer's groups),
@@ -37,7 +41,7 @@ from ucp.layout import Layout
 
 __all__ = ["HOT_STACKS", "layout_check", "recover"]
 
-HOT_STACKS = ("megatron", "native")
+HOT_STACKS = ("megatron", "native", "deepspeed")
 
 
 def layout_check(stack: str, model: str, settings: TrainSettings) -> Callable[[Layout], None]:
@@ -69,15 +73,22 @@ def layout_check(stack: str, model: str, settings: TrainSettings) -> Callable[[L
                 raise ValueError(f"pp={layout.pp} must divide the {cfg.layers} layers")
 
         return check
-    raise ValueError(f"hot recovery runs the {' and '.join(HOT_STACKS)} stacks, not {stack!r}; "
-                     "a DeepSpeed job recovers by a ucp restart (docs/RECOVERY.md)")
+    if stack == "deepspeed":
+
+        def check(layout: Layout) -> None:  # what DeepSpeedTrainer refuses: ZeRO data parallelism only
+            if layout.world_size != layout.dp or layout.ep > 1 or layout.vpp > 1 or not layout.zero:
+                raise ValueError(f"the DeepSpeed stack runs dp=N with ZeRO stage 1, 2 or 3 only, not {layout}")
+
+        return check
+    raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {stack!r}")
 
 
 def recover(ctx, plan, tiers, complete: set[str]) -> tuple[Any, str | None]:
     """This process's trainer under the new generation's layout, filled from the newest complete
     checkpoint or snapshot held in memory (``complete``: the paths this process saw replicated on
     every rank), and its path; ``(None, None)`` on a process left idle (it has left the group)."""
-    return (_recover_native if plan.stack == "native" else _recover_megatron)(ctx, plan, tiers, complete)
+    recover_stack = {"native": _recover_native, "deepspeed": _recover_deepspeed}.get(plan.stack, _recover_megatron)
+    return recover_stack(ctx, plan, tiers, complete)
 
 
 def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) -> None:
@@ -151,11 +162,13 @@ def native_target(trainer, logical: dict):
                        tensors=specs), into
 
 
-def _recover_native(ctx, plan, tiers, complete):
+def _build_first(ctx, plan, tiers, complete, fill):
+    """Recovery for a stack whose model must exist before its map does (native, DeepSpeed): idle
+    processes hand over and leave, the training ranks form their group, build, and reshard;
+    ``fill(trainer, logical) -> (fmap, into, finish)``, ``finish(tree)`` takes the tensors in."""
     import torch
 
     from ucp.integrations.llama.config import LlamaConfig
-    from ucp.integrations.stacks.common import Progress
     from ucp.integrations.stacks.jobs import build_trainer
     from ucp.replication.hot_reshard import hand_over, reshard_from_memory
 
@@ -170,16 +183,83 @@ def _recover_native(ctx, plan, tiers, complete):
             return None, None
         ctx.form("train", world=m.active)
     formed = time.perf_counter()
-    trainer = build_trainer("native", LlamaConfig.parse(plan.model), m.layout, plan.settings, rank=m.rank,
+    trainer = build_trainer(plan.stack, LlamaConfig.parse(plan.model), m.layout, plan.settings, rank=m.rank,
                             init=False)
     built = time.perf_counter()
+    finish: list = []
+
+    def make_target(logical: dict):
+        fmap, into, done = fill(trainer, logical)
+        finish.append(done)
+        return fmap, into
+
     with torch.no_grad():
-        tree, _, _, report = reshard_from_memory(tiers, lambda logical: native_target(trainer, logical),
-                                                 round_bytes=plan.round_bytes, complete=complete)
-    trainer.progress = Progress.from_tree(tree)  # what NativeTrainer.load does after its read
-    for state in trainer.optimizer.state.values():
-        state["step"] = torch.tensor(float(trainer.progress.step))
-    Progress.restore_rng(tree, rank=m.rank, seed=plan.settings.data_seed)
+        tree, _, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes, complete=complete)
+        finish[0](tree)
     _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,
                                      "reshard": time.perf_counter() - built}, {"handed_bytes": handed})
     return trainer, report.path
+
+
+def _restore_progress(trainer, tree: dict, states) -> None:
+    """What a trainer's ``load`` does after its tensors: step, data position, Adam's step, RNG."""
+    import torch
+
+    from ucp.integrations.stacks.common import Progress
+
+    trainer.progress = Progress.from_tree(tree)
+    for state in states:
+        state["step"] = torch.tensor(float(trainer.progress.step))
+    Progress.restore_rng(tree, rank=trainer.rank, seed=trainer.settings.data_seed)
+
+
+def _fill_native(trainer, logical: dict):
+    fmap, into = native_target(trainer, logical)  # the live shards: filled in place
+    return fmap, into, lambda tree: _restore_progress(trainer, tree, trainer.optimizer.state.values())
+
+
+def _fill_deepspeed(trainer, logical: dict):
+    """DeepSpeedTrainer.load's map (the stack's UCL program) and, once read, its copies into the
+    engine's partitions (a ``load_tensors`` split of that method would share them)."""
+    import torch
+
+    from ucp import ucl
+
+    has_masters = any(name.endswith("/fp32") for name in logical)
+    fmap = ucl.spec_for_load(trainer.program(("fp32", *STATES) if has_masters else STATES), trainer.layout,
+                             trainer.rank, logical)
+    into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+
+    def finish(tree: dict) -> None:
+        if trainer.layout.zero == 3:
+            trainer.optimizer.fp16_partitioned_groups_flat[0].copy_(into["module/flat_param"])
+        else:
+            for name, param in trainer.params.items():
+                param.copy_(into[f"module/{name}"])
+        (master,) = trainer._masters()
+        if has_masters:
+            master.copy_(into["optim/fp32/group0"])
+        else:  # fp32 training elsewhere: the parameters are the masters
+            trainer.optimizer.refresh_fp32_params()
+        for s in STATES:
+            trainer._adam.state[master][s].copy_(into[f"optim/{s}/group0"])
+        _restore_progress(trainer, tree, trainer._adam.state.values())
+
+    return fmap, into, finish
+
+
+def _recover_native(ctx, plan, tiers, complete):
+    return _build_first(ctx, plan, tiers, complete, _fill_native)
+
+
+def _recover_deepspeed(ctx, plan, tiers, complete):
+    from ucp.integrations.deepspeed.trainer import import_deepspeed
+
+    import_deepspeed()
+    from deepspeed.utils import groups
+
+    # DeepSpeed keeps the groups it made in module globals (deepspeed.utils.groups); a new engine
+    # would reuse the old generation's, now destroyed ("Group ... is not registered"). Its own
+    # destroy_process_group releases them; the elastic context destroyed torch's groups directly.
+    groups._release_process_group_references(None)
+    return _build_first(ctx, plan, tiers, complete, _fill_deepspeed)
