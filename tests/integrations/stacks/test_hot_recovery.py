@@ -66,9 +66,8 @@ def test_a_hung_rank_is_found_by_the_heartbeat_watchdog_within_its_timeout(tmp_p
 def test_the_native_stack_reshards_fsdp2_and_tp_shards_from_memory_under_a_smaller_layout(tmp_path):
     # FSDP2 over dp=2 with DTensor tp=2 loses a rank: the planner keeps tp=2 (each survivor's tensor-
     # parallel shards stay where they are) and shrinks dp; the process left over hands the arrays
-    # only it holds to a training rank and waits as a spare
-    # (the collective timeout bounds the re-forming: a survivor blocked with a live peer that already left
-    # waits that long, gloo cannot abort; see docs/RECOVERY.md)
+    # only it holds to a training rank and waits as a spare. A survivor blocked in a collective with
+    # live peers that already left is released by its beat thread (collective_release), not by a timeout
     plan = HotPlan(layout="tp=2,dp=2", stack="native", steps=6, kill_uid=1)
     report = run_hot(plan, tmp_path / "run", timeout_s=300)
     _check(report, 6)
