@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             for w, parts in runs:
                 options = AnalysisOptions(default_year=2024) if parts is None else \
                     AnalysisOptions(default_year=2024, split_bytes=split)
-                _trained_model.cache_clear()  # every run trains the taxonomy's models, as a CLI run does
+                _trained_model.cache_clear()  # every run loads the taxonomy's models afresh, as a CLI run does
                 _domain_model.cache_clear()
                 result, wall, cpu = _timed(lambda o=options, w=w: analyze_logs([path], options=o, run=dask_runner(workers=w)))
                 ours[(w, parts)].append((wall, cpu))
