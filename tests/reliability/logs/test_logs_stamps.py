@@ -1,4 +1,4 @@
-"""Learned stamp layouts: the per-minute cache gives what reading every field of the stamp gives, bit for bit."""
+"""Learned stamp layouts: the cached dates give what reading every field of the stamp gives, bit for bit."""
 
 from __future__ import annotations
 
@@ -30,8 +30,17 @@ _LAYOUTS = [
 def test_cached_minutes_give_the_field_by_field_result(which, stamps):
     sample, fmt = _LAYOUTS[which]
     layout = learn_layout(sample, year=2024)
-    for fields in stamps + stamps:  # the second pass reads every stamp's minute from the cache
+    for fields in stamps + stamps:  # the second pass reads every stamp's date from the cache
         text = fmt(*fields)
         assert layout._convert(text) == layout._convert_fields(text), text
     texts = [fmt(*f) for f in stamps]
     assert [layout.convert(t) for t in texts] == [layout._convert_fields(t) for t in texts]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.from_regex(r"[0-9:T .\-]{0,12}(Z|[+-]\d\d:?\d\d|[+-]\d{1,5})?\]?", fullmatch=True))
+def test_the_zone_is_found_in_the_stamps_tail(text):
+    from ucp.reliability.logs.stamps import _ZONE
+
+    whole, tail = _ZONE.search(text), _ZONE.search(text[-8:])
+    assert (whole and whole.groups()) == (tail and tail.groups())

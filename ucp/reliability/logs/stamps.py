@@ -57,7 +57,7 @@ class StampLayout:
     year: int | None = None
     _days: dict = field(default_factory=dict, compare=False, repr=False)
     _stamps: dict = field(default_factory=dict, compare=False, repr=False)
-    _minutes: dict = field(default_factory=dict, compare=False, repr=False)
+    _dates: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_year(self) -> bool:
@@ -99,11 +99,13 @@ class StampLayout:
         return ts
 
     @cached_property
-    def _minute_runs(self) -> tuple | None:
-        """``(roles but second and fraction, second's run, fraction's run)``: the runs that name a minute."""
+    def _runs_at(self) -> tuple | None:
+        """``(date roles, hour's run, minute's, second's, fraction's)``; None if a role is none of these."""
         roles = dict(self.roles)
-        return (tuple((name, i) for name, i in self.roles if name not in ("second", "fraction")),
-                roles.get("second"), roles.get("fraction"))
+        if not set(roles) <= set(_FIELDS):
+            return None
+        return (tuple((name, i) for name, i in self.roles if name in ("year", "month", "day")),
+                *(roles.get(name) for name in ("hour", "minute", "second", "fraction")))
 
     def _convert(self, text: str) -> float | None:
         if self.epoch:
@@ -111,37 +113,44 @@ class StampLayout:
             if not digits.isdigit():
                 return None
             return int(digits) / self.epoch
-        if self._minute_runs is None:
+        runs_at = self._runs_at
+        if runs_at is None:
             return self._convert_fields(text)
-        # Stamps with fractions rarely repeat, their minutes do: the minute's start is worked out once (the
-        # same arithmetic, in the same order, as _convert_fields: the sums are bit for bit the same).
+        # Stamps with fractions rarely repeat and merged logs jump in time: a date's midnight is worked out
+        # once, the time of day is integer slicing (the same sums in the same order as _convert_fields, so
+        # the result is bit for bit the same).
         parts = _RUNS.findall(text)
         if len(parts) < self.runs:
             return None
-        minute_roles, second_at, fraction_at = self._minute_runs
-        key = tuple([parts[i] for _, i in minute_roles])
-        base = self._minutes.get(key, -1.0)
+        date, hour_at, minute_at, second_at, fraction_at = runs_at
+        key = tuple([parts[i] for _, i in date])
+        base = self._dates.get(key, -1.0)
         if base == -1.0:
-            base = self._minute_start(dict(zip([name for name, _ in minute_roles], key)))
-            if len(self._minutes) > 10_000:
-                self._minutes.clear()
-            self._minutes[key] = base
+            base = self._date_start(dict(zip([name for name, _ in date], key)))
+            if len(self._dates) > 10_000:
+                self._dates.clear()
+            self._dates[key] = base
         if base is None:
             return None
-        ts = base
-        if second_at is not None:
-            run = parts[second_at]
-            if not run.isdigit() or int(run) > 60:
-                return None
-            ts += int(run)
+        clock = [0, 0, 0]
+        for k, at in enumerate((hour_at, minute_at, second_at)):
+            if at is not None:
+                run = parts[at]
+                if not run.isdigit():
+                    return None
+                clock[k] = int(run)
+        hour, minute, second = clock
+        fraction = 0.0
         if fraction_at is not None:
             run = parts[fraction_at]
             if not run.isdigit():
                 return None
-            ts += float("0." + run)
-        return self._zoned(text, ts)
+            fraction = float("0." + run)
+        if hour > 23 or minute > 59 or second > 60:
+            return None
+        return self._zoned(text, base + hour * 3600 + minute * 60 + second + fraction)
 
-    def _minute_start(self, runs: dict) -> float | None:
+    def _date_start(self, runs: dict) -> float | None:
         f = {}
         for name, value in runs.items():
             if name == "month" and not value.isdigit():
@@ -160,11 +169,7 @@ class StampLayout:
             year += 2000 if year < 70 else 1900
         if not 1970 <= year <= 2100:  # a pid or a count, not a year
             return None
-        base = self._day((year, f.get("month", 1), f.get("day", 1)))
-        hour, minute = f.get("hour", 0), f.get("minute", 0)
-        if base is None or hour > 23 or minute > 59:
-            return None
-        return base + hour * 3600 + minute * 60
+        return self._day((year, f.get("month", 1), f.get("day", 1)))
 
     def _day(self, key: tuple) -> float | None:
         base = self._days.get(key, -1.0)
@@ -180,7 +185,9 @@ class StampLayout:
 
     @staticmethod
     def _zoned(text: str, ts: float) -> float:
-        zone = _ZONE.search(text)
+        # A zone ends the stamp and is at most 7 characters ("+02:00]") after the digit before it: the tail
+        # holds every match, and searching it alone costs nothing per character of the stamp.
+        zone = _ZONE.search(text[-8:])
         if zone is not None and zone.group(2):
             sign = -1 if zone.group(2) == "+" else 1  # 10:00+02:00 is 08:00 UTC
             ts += sign * (int(zone.group(3)) * 3600 + int(zone.group(4)) * 60)
@@ -294,7 +301,7 @@ class _CompactLayout(StampLayout):
     """``yymmdd hhmmss`` / ``yyyymmdd``: dates and times written without separators."""
 
     @property
-    def _minute_runs(self) -> None:  # the clock is one run: every stamp is read whole
+    def _runs_at(self) -> None:  # the clock is one run: every stamp is read whole
         return None
 
     def fields(self, text: str) -> dict | None:
