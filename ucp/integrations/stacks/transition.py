@@ -116,7 +116,9 @@ def run_transition(t: Transition, directory: str | os.PathLike, *, settings: Tra
     b = run(run_job, world=second.world, args=(second,), preload=preload)
     result = TransitionResult(t, reference[:total], {**a["losses"], **b["losses"]},
                               saved_tensors=len(a["saved"]), loaded_tensors=len(b["loaded"]))
-    in_checkpoint = {name: ucp.read_tensor(path, name).numpy() for name in a["saved"]}
+    from ucp.dtypes import to_numpy
+
+    in_checkpoint = {name: to_numpy(ucp.read_tensor(path, name)) for name in a["saved"]}
     result.mismatches = [f"saved {n}" for n in compare_snapshots(in_checkpoint, a["saved"])]
     result.mismatches += [f"loaded {n}" for n in compare_snapshots(a["saved"], b["loaded"])]
     if b["start_step"] != t.steps_before:
