@@ -102,3 +102,29 @@ def _masters_from_fp32_run(ctx, path: str) -> dict:
 def test_a_bf16_run_takes_an_fp32_runs_parameters_as_its_masters_bit_for_bit(tmp_path):
     got = run(_masters_from_fp32_run, world=1, args=(str(tmp_path / "fp32"),), preload=WITH_DEEPSPEED)
     assert got == {"megatron dp=1,zero=1": [], "megatron dp=1": [], "native dp=1": [], "deepspeed dp=1,zero=1": []}
+
+
+def _params_from_bf16_run(ctx, path: str) -> dict:
+    import ucp
+    from ucp.integrations.stacks.jobs import build_trainer
+
+    bf16 = build_trainer("megatron", CFG, "dp=1,zero=1", BF16, rank=0)
+    bf16.train_step()
+    bf16.save(path)
+    masters = {k.removesuffix("/fp32"): ucp.read_tensor(path, k) for k in ucp.CheckpointReader(path).logical()
+               if k.endswith("/fp32")}
+    out = {}
+    for stack, layout in (("megatron", "dp=1,zero=1"), ("megatron", "dp=1"), ("native", "dp=1"),
+                          ("deepspeed", "dp=1,zero=1"), ("deepspeed", "dp=1,zero=3")):
+        trainer = build_trainer(stack, CFG, layout, TrainSettings(), rank=0, init=False)
+        trainer.load(path)
+        snap = trainer.logical_snapshot()
+        out[f"{stack} {layout}"] = sorted(n for n, m in masters.items() if not torch.equal(snap[n], m))
+    return out
+
+
+@pytest.mark.slow
+def test_an_fp32_run_takes_a_bf16_runs_masters_as_its_parameters(tmp_path):
+    got = run(_params_from_bf16_run, world=1, args=(str(tmp_path / "bf16"),), preload=WITH_DEEPSPEED)
+    assert got == {"megatron dp=1,zero=1": [], "megatron dp=1": [], "native dp=1": [], "deepspeed dp=1,zero=1": [],
+                   "deepspeed dp=1,zero=3": []}

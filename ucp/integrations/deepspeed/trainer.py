@@ -153,7 +153,8 @@ class DeepSpeedTrainer(CheckpointSaving):
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's partitions; returns its progress."""
         # ZeRO keeps fp32 masters apart in every precision: from an fp32 run's parameters if need be
-        _, fmap, into = plan_program_load(path, self.program, self.layout, self.rank, masters=True)
+        _, fmap, into = plan_program_load(path, self.program, self.layout, self.rank, masters=True,
+                                          params_are_masters=not self.settings.mixed)
         tree = ucp.load(path, into=into, spec=fmap)
         with torch.no_grad():
             if self.layout.zero == 3:

@@ -59,8 +59,9 @@ class ReplicatedAdam:
 
     def step(self) -> None:
         for p, master in zip(self.params, self.masters):
-            master.grad = _sum_grads(p.grad if p.grad is not None else torch.zeros_like(p), self.group)
-            p.grad = None
+            grad = _sum_grads(p.grad if p.grad is not None else torch.zeros_like(p), self.group)
+            p.grad = None  # the bf16 gradient is consumed (in fp32, master is p: set again below)
+            master.grad = grad
         self.adam.step()
         self.adam.zero_grad()
         with torch.no_grad():

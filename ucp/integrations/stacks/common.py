@@ -220,16 +220,35 @@ class CheckpointSaving:
         return ucp.save(state, path, **options)
 
 
-def plan_program_load(path: str, program_for, layout, rank: int, *,
-                      masters: bool = False) -> tuple[bool, Any, dict[str, torch.Tensor]]:
+def _repoint(fmap, logical: dict, source_of):
+    """``fmap`` with each piece reading logical tensor ``source_of(name)`` of ``logical`` instead
+    (a local tensor whose pieces all move takes that tensor's dtype)."""
+    import dataclasses
+
+    tensors, local = {}, dict(fmap.local)
+    for key, spec in fmap.tensors.items():
+        pieces = tuple(dataclasses.replace(p, logical=source_of(p.logical)) for p in spec.pieces)
+        tensors[key] = dataclasses.replace(spec, pieces=pieces)
+        dtypes = {logical[p.logical].dtype for p in pieces}
+        if pieces != spec.pieces and len(dtypes) == 1 and key in local:
+            local[key] = dataclasses.replace(local[key], dtype=dtypes.pop())
+    used = {p.logical for t in tensors.values() for p in t.pieces}
+    return dataclasses.replace(fmap, tensors=tensors, local=local,
+                               logical={n: t for n, t in logical.items() if n in used})
+
+
+def plan_program_load(path: str, program_for, layout, rank: int, *, masters: bool = False,
+                      params_are_masters: bool = False) -> tuple[bool, Any, dict[str, torch.Tensor]]:
     """Plan a UCL load of a checkpoint of any stack into one rank of ``layout``.
 
     Returns whether the local tensors hold fp32 masters (``optim/fp32/...``), the rank's
     fragment map from ``program_for(states)``, and zeroed local tensors to load into.
     ``masters``: the target keeps fp32 masters apart from its parameters; from a checkpoint of
     an fp32 run (no ``/fp32`` entries) they are then read, bit for bit, from its fp32
-    parameters, never rebuilt from the target's own (maybe bf16) parameters. A checkpoint
-    whose parameters are below fp32 and that has no masters is refused
+    parameters, never rebuilt from the target's own (maybe bf16) parameters.
+    ``params_are_masters``: the target trains in fp32, so its parameters are read from the
+    checkpoint's masters where it has them (a bf16 run's ``<name>`` is only their rounding).
+    A checkpoint whose parameters are below fp32 and that has no masters is refused
     (:class:`MissingMastersError`). Reads only the checkpoint's root metadata to decide.
     """
     import dataclasses
@@ -250,12 +269,8 @@ def plan_program_load(path: str, program_for, layout, rank: int, *,
     check_masters(path, logical, {p.logical.removesuffix("/fp32") for spec in fmap.tensors.values()
                                   for p in spec.pieces if "/" not in p.logical.removesuffix("/fp32")})
     if alias:
-        def real(piece):
-            return piece if piece.logical in logical else dataclasses.replace(
-                piece, logical=piece.logical.removesuffix("/fp32"))
-
-        tensors = {k: dataclasses.replace(t, pieces=tuple(real(p) for p in t.pieces)) for k, t in fmap.tensors.items()}
-        used = {p.logical for t in tensors.values() for p in t.pieces}
-        fmap = dataclasses.replace(fmap, tensors=tensors, logical={n: t for n, t in logical.items() if n in used})
+        fmap = _repoint(fmap, logical, lambda n: n if n in logical else n.removesuffix("/fp32"))
+    elif params_are_masters and has_masters:
+        fmap = _repoint(fmap, logical, lambda n: master_name(n, logical) if "/" not in n else n)
     into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
     return has_masters or alias, fmap, into
