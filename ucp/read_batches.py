@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -127,4 +128,4 @@ def read_runs(
 
 
 def _largest_gap(run: Run) -> int:
-    return max((b.offset - a.stop for a, b in zip(run.units, run.units[1:])), default=0)
+    return max((b.offset - a.stop for a, b in pairwise(run.units)), default=0)
