@@ -86,6 +86,7 @@ class Size:
     save_every: int
     kill_after: int
     torchft_replicas: int  # torchft holds a full replica per process: fewer at 1 GiB to stay within memory
+    verify_every_run: bool = True  # else only the first repeat compares every tensor (rank 0 holds two copies)
 
     def state_bytes(self) -> int:
         """Logical training state: fp32 parameters (the masters in fp32 training) + two Adam moments."""
@@ -99,7 +100,8 @@ class Size:
 
 SIZES = (
     Size("demo", "", TrainSettings(), 7, 3, 4, 4),
-    Size("1gib", "hidden=1024,heads=8,kv_heads=4,ffn=2816,layers=8", TrainSettings(global_batch=4), 4, 2, 3, 2),
+    Size("1gib", "hidden=1024,heads=8,kv_heads=4,ffn=2816,layers=8", TrainSettings(global_batch=4), 4, 2, 3, 2,
+         verify_every_run=False),
 )
 
 
@@ -133,6 +135,7 @@ def measure(scenario: Scenario, system: str, size: Size, index: int, root: Path)
     """One failure and recovery; returns recovery_s, first_step_s, lost_steps, bitwise and the parts."""
     directory = root / f"{size.name}-{scenario.name}-{system}-{index}"
     steps = {"steps": size.steps, "save_every": size.save_every, "kill_after_step": size.kill_after}
+    verify = size.verify_every_run or index == 0
     if system == "torchft":
         from ucp.tools.bench.torchft_recovery import measure_torchft
 
@@ -142,11 +145,12 @@ def measure(scenario: Scenario, system: str, size: Size, index: int, root: Path)
         from ucp.integrations.stacks.hot import HotPlan, run_hot
 
         plan = HotPlan(layout=BEFORE, model=size.model, settings=size.settings, kill_uid=1,
-                       spares=1 if scenario.spare else 0, cold_cache=True, **steps)
+                       spares=1 if scenario.spare else 0, cold_cache=True, verify=verify, collective_timeout_s=120.0,
+                       hang_timeout_s=120.0, **steps)
         r = run_hot(plan, directory)
         shutil.rmtree(directory, ignore_errors=True)
         return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
-                "bitwise": r.bitwise, "layout": r.layout_after,
+                "bitwise": r.bitwise if verify else None, "layout": r.layout_after,
                 "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
                 "elements": r.elements}
     from ucp.integrations.stacks.recovery import FailurePlan, run_with_failure
@@ -158,11 +162,11 @@ def measure(scenario: Scenario, system: str, size: Size, index: int, root: Path)
                                 "deepspeed"),
     }[system]
     plan = FailurePlan(stack=stack, before=before, after=after, model=size.model, settings=size.settings,
-                       kill_rank=1, checkpointer=checkpointer, track_ettr=False, verify_load=checkpointer == "ucp",
+                       kill_rank=1, checkpointer=checkpointer, track_ettr=False, verify_load=checkpointer == "ucp" and verify,
                        cold_cache=True, **steps)
     r = run_with_failure(plan, directory)
     shutil.rmtree(directory, ignore_errors=True)  # a 1 GiB run leaves GiBs of checkpoints
-    bitwise = (r.verified_tensors > 0 and not r.verify_mismatches) if checkpointer == "ucp" else None
+    bitwise = (r.verified_tensors > 0 and not r.verify_mismatches) if checkpointer == "ucp" and verify else None
     return {"recovery_s": r.recovery_s - r.first_step_s, "first_step_s": r.first_step_s,
             "lost_steps": r.killed_at_step - r.resumed_from, "bitwise": bitwise, "layout": after,
             "parts": {"detect_s": r.detect_s, "teardown_s": r.teardown_s, "convert_s": r.convert_s,
@@ -195,7 +199,9 @@ def summarize(results: dict) -> dict:
                 "recovery_s": statistics.median(rec), "ci95": list(median_ci95(rec)),
                 "first_step_s": statistics.median(r["first_step_s"] for r in runs),
                 "lost_steps": statistics.median(r["lost_steps"] for r in runs),
-                "bitwise": None if any(f is None for f in flags) else all(flags),
+                # over the runs that compared every tensor (null: none did); how many did, next to it
+                "bitwise": all(f for f in flags if f is not None) if any(f is not None for f in flags) else None,
+                "bitwise_runs": sum(f is not None for f in flags),
                 "runs": rec, "layout": runs[0]["layout"], "parts": parts}
         peer = out[name].get("dcp-restart")
         for row in out[name].values():
@@ -302,8 +308,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(summary, args.json, indent=2)
     if args.update_costs:
-        write_json(summary, str(COSTS_FILE), indent=2)
+        write_json(merge_costs(summary, COSTS_FILE), str(COSTS_FILE), indent=2)
     return 0
+
+
+def merge_costs(summary: dict, path: Path) -> dict:
+    """The costs file with this run's scenarios, sizes and save costs replacing the same ones in it
+    (so one size can be rerun alone); what the file has and this run did not measure stays.
+
+    >>> merge_costs({"scenarios": {"a": 1}, "sizes": {"demo": 2}, "repeats": 5}, Path("/nonexistent"))["scenarios"]
+    {'a': 1}
+    """
+    import json
+
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    for key in ("scenarios", "not_run", "save_costs", "sizes"):
+        merged[key] = {**merged.get(key, {}), **summary.get(key, {})}
+    runs = {size: {"repeats": summary.get("repeats"), "load_average": summary.get("load_average")}
+            for size in summary.get("sizes", {})}
+    merged["runs"] = {**merged.get("runs", {}), **runs}
+    merged["world"] = summary.get("world", merged.get("world"))
+    return merged
 
 
 if __name__ == "__main__":
