@@ -17,7 +17,7 @@ lets them train on while the spare heals. Lost steps: steps the survivors ran af
 that did not commit. ``bitwise``: at the end every replica's parameters and Adam state hash
 to the same digest (the healed spare equals its healthy peers).
 
-    result = measure_torchft(model="", replicas=4, steps=12, kill_after_step=4)
+    result = measure_torchft(model="", replicas=4, kill_after_step=4)
     result["recovery_s"], result["bitwise"]
 """
 
@@ -38,7 +38,8 @@ __all__ = ["measure_torchft", "torchft_unavailable", "TorchftFailed"]
 # The lighthouse's timing knobs, set here (torchft's defaults are a 60 s join timeout and a 5 s
 # heartbeat timeout, made for multi-host jobs); these are the values the bench documents.
 JOIN_TIMEOUT_MS, QUORUM_TICK_MS, HEARTBEAT_TIMEOUT_MS = 1000, 50, 1000
-COLLECTIVE_TIMEOUT = timedelta(seconds=30)
+COLLECTIVE_TIMEOUT = timedelta(seconds=120)
+UNTIL_TOLD = 1 << 30
 
 
 class TorchftFailed(UcpError, RuntimeError):
@@ -142,8 +143,8 @@ def replica_main(index: int, lighthouse: str, model: str, settings, steps_box, e
         raise SystemExit(1) from None
 
 
-def measure_torchft(*, model: str, settings=None, replicas: int = 4, steps: int = 12, kill_after_step: int = 4,
-                    kill_replica: int = 1, timeout_s: float = 600.0) -> dict:
+def measure_torchft(*, model: str, settings=None, replicas: int = 4, kill_after_step: int = 4,
+                    kill_replica: int = 1, timeout_s: float = 1800.0) -> dict:
     """One failure and recovery under torchft; returns the bench's row fields and parts."""
     os.environ.setdefault("RUST_LOG", "warn")  # before torchft loads: the lighthouse logs every quorum at info
     from torchft._torchft import LighthouseServer
@@ -153,7 +154,8 @@ def measure_torchft(*, model: str, settings=None, replicas: int = 4, steps: int 
 
     settings = settings or TrainSettings()
     ctx = start_fork_server()
-    events, go, steps_box = ctx.Queue(), ctx.Event(), ctx.Value("i", steps)
+    # every replica trains until told how far: two steps past the spare's first healed one
+    events, go, steps_box = ctx.Queue(), ctx.Event(), ctx.Value("i", UNTIL_TOLD)
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=replicas - 1, join_timeout_ms=JOIN_TIMEOUT_MS,
                                   quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     procs = [ctx.Process(target=replica_main, daemon=True,
@@ -187,9 +189,9 @@ def measure_torchft(*, model: str, settings=None, replicas: int = 4, steps: int 
                 os.kill(procs[kill_replica].pid, signal.SIGKILL)
                 killed_at = time.monotonic()
                 go.set()  # the death is seen at once by whoever launched the replica: the spare joins
-            if event["replica"] == spare and event["committed"] and steps_box.value == steps:
+            if event["replica"] == spare and event["committed"] and steps_box.value == UNTIL_TOLD:
                 with steps_box.get_lock():  # everyone trains two more steps with the healed spare
-                    steps_box.value = max(steps, event["step"] + 3)
+                    steps_box.value = event["step"] + 3
     finally:
         for proc in procs:  # the replicas that reported done exit on their own; anything else is killed
             proc.join(timeout=10 if killed_at is not None else 0)
