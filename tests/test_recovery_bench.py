@@ -63,7 +63,7 @@ def test_merge_costs_replaces_what_was_rerun_and_keeps_the_rest(tmp_path):
     path.write_text(json.dumps({"scenarios": {"demo-spare": {"a": 1}, "1gib-spare": {"b": 2}}, "world": 4,
                                 "save_costs": {"demo": {"x": 1}, "1gib": {"y": 2}}, "sizes": {"demo": {}, "1gib": {}}}))
     merged = merge_costs({"scenarios": {"1gib-spare": {"c": 3}}, "save_costs": {"1gib": {"z": 3}},
-                          "sizes": {"1gib": {"model": "m"}}, "repeats": 3, "load_average": [1, 2, 3], "world": 4},
+                          "sizes": {"1gib": {"model": "m"}}, "repeats_done": {"1gib": 3}, "load_average": [1, 2, 3], "world": 4},
                          path)
     assert merged["scenarios"] == {"demo-spare": {"a": 1}, "1gib-spare": {"c": 3}}
     assert merged["save_costs"] == {"demo": {"x": 1}, "1gib": {"z": 3}}

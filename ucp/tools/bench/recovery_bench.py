@@ -54,6 +54,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,7 @@ def agent_rendezvous_timeout(seconds: float):
     from ucp.integrations.elastic import ElasticAgent
 
     defaults = ElasticAgent.__init__.__kwdefaults__
+    assert defaults is not None, "ElasticAgent's options are keyword-only with defaults"
     old = defaults["rendezvous_timeout_s"]
     defaults["rendezvous_timeout_s"] = seconds
     try:
@@ -157,26 +159,36 @@ def not_run_reason(scenario: Scenario, system: str) -> str | None:
 def measure(scenario: Scenario, system: str, size: Size, index: int, root: Path) -> dict:
     """One failure and recovery; returns recovery_s, first_step_s, lost_steps, bitwise and the parts."""
     directory = root / f"{size.name}-{scenario.name}-{system}-{index}"
-    steps = {"steps": size.steps, "save_every": size.save_every, "kill_after_step": size.kill_after}
     verify = size.verify_every_run or index == 0
     if system == "torchft":
         from ucp.tools.bench.torchft_recovery import measure_torchft
 
         return measure_torchft(model=size.model, settings=size.settings, replicas=size.torchft_replicas,
                                kill_after_step=size.kill_after)
-    if system == "ucp-hot":
-        from ucp.integrations.stacks.hot import HotPlan, run_hot
+    try:
+        if system == "ucp-hot":
+            return _measure_hot(scenario, size, directory, verify)
+        return _measure_restart(scenario, system, size, directory, verify)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # a 1 GiB run leaves GiBs of checkpoints
 
-        plan = HotPlan(layout=BEFORE, model=size.model, settings=size.settings, kill_uid=1,
-                       spares=1 if scenario.spare else 0, cold_cache=True, verify=verify, collective_timeout_s=120.0,
-                       hang_timeout_s=120.0, **steps)
-        with agent_rendezvous_timeout(RENDEZVOUS_TIMEOUT_S):
-            r = run_hot(plan, directory)
-        shutil.rmtree(directory, ignore_errors=True)
-        return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
-                "bitwise": r.bitwise if verify else None, "layout": r.layout_after,
-                "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
-                "elements": r.elements}
+
+def _measure_hot(scenario: Scenario, size: Size, directory: Path, verify: bool) -> dict:
+    from ucp.integrations.stacks.hot import HotPlan, run_hot
+
+    plan = HotPlan(layout=BEFORE, model=size.model, settings=size.settings, steps=size.steps,
+                   save_every=size.save_every, kill_after_step=size.kill_after, kill_uid=1,
+                   spares=1 if scenario.spare else 0, cold_cache=True, verify=verify, collective_timeout_s=120.0,
+                   hang_timeout_s=120.0)
+    with agent_rendezvous_timeout(RENDEZVOUS_TIMEOUT_S):
+        r = run_hot(plan, directory)
+    return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
+            "bitwise": r.bitwise if verify else None, "layout": r.layout_after,
+            "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
+            "elements": r.elements}
+
+
+def _measure_restart(scenario: Scenario, system: str, size: Size, directory: Path, verify: bool) -> dict:
     from ucp.integrations.stacks.recovery import FailurePlan, run_with_failure
 
     stack, before, after, checkpointer = {
@@ -185,14 +197,14 @@ def measure(scenario: Scenario, system: str, size: Size, index: int, root: Path)
         "deepspeed-universal": ("deepspeed", "dp=4,zero=2", "dp=2,zero=2" if not scenario.spare else "dp=4,zero=2",
                                 "deepspeed"),
     }[system]
+    verify = verify and checkpointer == "ucp"  # DCP and DeepSpeed loads are not compared (null)
     plan = FailurePlan(stack=stack, before=before, after=after, model=size.model, settings=size.settings,
-                       kill_rank=1, checkpointer=checkpointer, track_ettr=False, verify_load=checkpointer == "ucp" and verify,
-                       cold_cache=True, **steps)
+                       steps=size.steps, save_every=size.save_every, kill_after_step=size.kill_after, kill_rank=1,
+                       checkpointer=checkpointer, track_ettr=False, verify_load=verify, cold_cache=True)
     r = run_with_failure(plan, directory)
-    shutil.rmtree(directory, ignore_errors=True)  # a 1 GiB run leaves GiBs of checkpoints
-    bitwise = (r.verified_tensors > 0 and not r.verify_mismatches) if checkpointer == "ucp" and verify else None
     return {"recovery_s": r.recovery_s - r.first_step_s, "first_step_s": r.first_step_s,
-            "lost_steps": r.killed_at_step - r.resumed_from, "bitwise": bitwise, "layout": after,
+            "lost_steps": r.killed_at_step - r.resumed_from,
+            "bitwise": (r.verified_tensors > 0 and not r.verify_mismatches) if verify else None, "layout": after,
             "parts": {"detect_s": r.detect_s, "teardown_s": r.teardown_s, "convert_s": r.convert_s,
                       "restart_s": r.restart_s, "load_s": r.load_s}}
 
@@ -234,7 +246,8 @@ def summarize(results: dict) -> dict:
 
 
 def print_table(summary: dict) -> None:
-    print(f"\n{summary['repeats']} run(s) per system, interleaved; recovery = SIGKILL -> start of the first step "
+    done = ", ".join(f"{size} {n}" for size, n in summary["repeats_done"].items())
+    print(f"\nruns per system (of {summary['repeats']} asked): {done}; interleaved; recovery = SIGKILL -> start of the first step "
           "after it; cold page cache for storage reads\n")
     for size, info in summary["sizes"].items():
         print(f"- {size}: model {info['model'] or 'default LlamaConfig (the demo model)'}, "
@@ -282,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds of the save-cost measurement per size (0: skip it; default %(default)s)")
     parser.add_argument("--update-costs", action="store_true",
                         help=f"also write the summary to the ETTR model's cost file ({COSTS_FILE.name})")
+    parser.add_argument("--time-budget-min", type=float, default=0.0,
+                        help="start no new repeat after this many minutes (0: no limit; the summary says how "
+                        "many repeats ran)")
     parser.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
     add_json_option(parser, "the summary")
     args = parser.parse_args(argv)
@@ -300,33 +316,41 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     not_run: dict = {}
     save_costs: dict = {}
+    began = time.monotonic()
+    repeats_done: dict[str, int] = {}
     for size in sizes:
+        running = {}
         for scenario in scenarios:
             name = f"{size.name}-{scenario.name}"
-            running = []
             for system in systems:
                 reason = not_run_reason(scenario, system)
                 if reason:
                     not_run.setdefault(name, {})[system] = reason
                 else:
-                    running.append(system)
-            for index in range(args.repeats):  # interleaved: drift on a shared machine hits every system alike
-                for system in running:
-                    run = measure(scenario, system, size, index, root)
-                    results.setdefault(name, {}).setdefault(system, []).append(run)
-                    print(f"  {name} | {system} | run {index + 1}: recovery {run['recovery_s']:.2f}s "
-                          f"(load average {os.getloadavg()[0]:.1f})", flush=True, file=notes)
-        if args.save_rounds:
+                    running.setdefault(scenario, []).append(system)
+        if args.save_rounds:  # first: a run cut short by its time budget still has them
             from ucp.tools.bench.save_cost import measure_save_costs
 
             save_costs[size.name] = measure_save_costs(model=size.model, layout=BEFORE, rounds=args.save_rounds,
                                                        settings=size.settings, directory=root / f"{size.name}-save")
             print(f"  {size.name} | save costs: {save_costs[size.name]}", flush=True, file=notes)
-    summary = summarize(results)
-    summary |= {"not_run": not_run, "save_costs": save_costs, "repeats": args.repeats, "world": 4,
-                "sizes": {s.name: {"model": s.model, "state_bytes": s.state_bytes(),
-                                   "global_batch": s.settings.global_batch} for s in sizes},
-                "load_average": list(os.getloadavg())}
+        # interleaved: every repeat runs every scenario and system once, so drift on a shared
+        # machine hits all alike, and a time budget cut leaves every row with the same repeats
+        for index in range(args.repeats):
+            if index and args.time_budget_min and time.monotonic() - began > args.time_budget_min * 60:
+                print(f"  {size.name}: time budget spent after {index} repeat(s)", flush=True, file=notes)
+                break
+            for scenario, names in running.items():
+                for system in names:
+                    run = measure(scenario, system, size, index, root)
+                    results.setdefault(f"{size.name}-{scenario.name}", {}).setdefault(system, []).append(run)
+                    print(f"  {size.name}-{scenario.name} | {system} | run {index + 1}: recovery "
+                          f"{run['recovery_s']:.2f}s (load average {os.getloadavg()[0]:.1f})", flush=True, file=notes)
+                    if args.json and args.json != "-":  # after every run: a run killed later keeps what it measured
+                        write_json(_summary(results, not_run, save_costs, args, repeats_done, sizes), args.json,
+                                   indent=2)
+            repeats_done[size.name] = index + 1
+    summary = _summary(results, not_run, save_costs, args, repeats_done, sizes)
     if not json_on_stdout(args):
         print_table(summary)
     if args.json:
@@ -334,6 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_costs:
         write_json(merge_costs(summary, COSTS_FILE), str(COSTS_FILE), indent=2)
     return 0
+
+
+def _summary(results: dict, not_run: dict, save_costs: dict, args: argparse.Namespace, repeats_done: dict,
+             sizes: list[Size]) -> dict:
+    return summarize(results) | {
+        "not_run": not_run, "save_costs": save_costs, "repeats": args.repeats, "repeats_done": repeats_done,
+        "world": 4, "load_average": list(os.getloadavg()),
+        "sizes": {s.name: {"model": s.model, "state_bytes": s.state_bytes(), "global_batch": s.settings.global_batch}
+                  for s in sizes}}
 
 
 def merge_costs(summary: dict, path: Path) -> dict:
@@ -348,7 +381,7 @@ def merge_costs(summary: dict, path: Path) -> dict:
     merged = json.loads(path.read_text()) if path.exists() else {}
     for key in ("scenarios", "not_run", "save_costs", "sizes"):
         merged[key] = {**merged.get(key, {}), **summary.get(key, {})}
-    runs = {size: {"repeats": summary.get("repeats"), "load_average": summary.get("load_average")}
+    runs = {size: {"repeats": summary.get("repeats_done", {}).get(size), "load_average": summary.get("load_average")}
             for size in summary.get("sizes", {})}
     merged["runs"] = {**merged.get("runs", {}), **runs}
     merged["world"] = summary.get("world", merged.get("world"))
