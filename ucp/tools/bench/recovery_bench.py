@@ -62,6 +62,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from ucp.integrations.launch import PRELOAD, WITH_DEEPSPEED, start_fork_server
+from ucp.errors import UcpError
 from ucp.integrations.stacks.common import TrainSettings
 from ucp.tools.output import add_json_option, json_on_stdout, write_json
 
@@ -266,6 +267,9 @@ def print_table(summary: dict) -> None:
     for name, systems in summary["not_run"].items():
         for system, reason in systems.items():
             print(f"| {name} | {system} | not run: {reason} |" + " |" * 7)
+    for name, systems in summary.get("failed", {}).items():
+        for system, errors in systems.items():
+            print(f"| {name} | {system} | {len(errors)} run(s) failed: {errors[-1]} |" + " |" * 7)
     if summary["save_costs"]:
         print("\n| size | step s | sync save s | background save: blocking s | background s | slowdown s |")
         print("| --- " * 6 + "|")
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     start_fork_server(WITH_DEEPSPEED if "deepspeed-universal" in systems else PRELOAD)
     results: dict = {}
     not_run: dict = {}
+    failed: dict = {}  # scenario -> system -> the last line of each failure
     save_costs: dict = {}
     began = time.monotonic()
     repeats_done: dict[str, int] = {}
@@ -342,15 +347,22 @@ def main(argv: list[str] | None = None) -> int:
                 break
             for scenario, names in running.items():
                 for system in names:
-                    run = measure(scenario, system, size, index, root)
+                    try:
+                        run = measure(scenario, system, size, index, root)
+                    except UcpError as error:  # one system failing must not discard the others' runs
+                        failed.setdefault(f"{size.name}-{scenario.name}", {}).setdefault(system, []).append(
+                            str(error).splitlines()[-1])
+                        print(f"  {size.name}-{scenario.name} | {system} | run {index + 1} FAILED: {error}",
+                              flush=True, file=notes)
+                        continue
                     results.setdefault(f"{size.name}-{scenario.name}", {}).setdefault(system, []).append(run)
                     print(f"  {size.name}-{scenario.name} | {system} | run {index + 1}: recovery "
                           f"{run['recovery_s']:.2f}s (load average {os.getloadavg()[0]:.1f})", flush=True, file=notes)
                     if args.json and args.json != "-":  # after every run: a run killed later keeps what it measured
-                        write_json(_summary(results, not_run, save_costs, args, repeats_done, sizes), args.json,
-                                   indent=2)
+                        write_json(_summary(results, not_run, save_costs, args, repeats_done, sizes) | {"failed": failed},
+                                   args.json, indent=2)
             repeats_done[size.name] = index + 1
-    summary = _summary(results, not_run, save_costs, args, repeats_done, sizes)
+    summary = _summary(results, not_run, save_costs, args, repeats_done, sizes) | {"failed": failed}
     if not json_on_stdout(args):
         print_table(summary)
     if args.json:
