@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from ucp.replication.cluster import MEMORY, TIERS, ClusterSpec
 from ucp.replication.errors import PlacementError, PlacementInputError
+from ucp.replication.transfer_times import TransferTimes
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,12 @@ class PlacementRequest:
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node as a policy sees it. ``failure_probability``: forecast for the next interval."""
+    """One node as a policy sees it. ``failure_probability``: forecast for the next interval.
+
+    ``speed`` scales the node's transfer rates (its NIC and devices): 1 is the cluster's
+    nominal node, 0.25 one that serves reads four times slower. ``alive`` is False for a
+    node that failed or has left the job (churn): it holds nothing and gets nothing.
+    """
 
     node: int
     rack: int
@@ -88,14 +94,29 @@ class NodeState:
     memory_free_bytes: float = 0.0
     disk_free_bytes: float = 0.0
     failure_probability: float = 0.0
+    speed: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise PlacementInputError(f"node {self.node}: speed must be > 0, got {self.speed}")
 
 
 @dataclass(frozen=True)
 class ClusterView:
-    """The cluster at placement time: nodes, tier bandwidths, the recovery timing constants."""
+    """The cluster at placement time: nodes, the recovery timing constants, how long reads take.
+
+    ``io``: a measured cost model (:class:`~ucp.replication.io_cost.IoCostModel`) whose
+    predictions replace the spec's bandwidth constants; None keeps the constants.
+    """
 
     nodes: tuple[NodeState, ...]
     spec: ClusterSpec
+    io: object | None = None
+
+    @property
+    def times(self) -> TransferTimes:
+        """Restore times per node and tier (:mod:`ucp.replication.transfer_times`)."""
+        return TransferTimes(self.spec, tuple(s.speed for s in self.nodes), self.io)
 
     def free_bytes(self, node: int, tier: str) -> float:
         state = self.nodes[node]
