@@ -172,7 +172,12 @@ class LearningPolicy(PlacementPolicy, Protocol):
 
 
 def validate_placement(request: PlacementRequest, view: ClusterView, placement: Placement) -> None:
-    """Raise :class:`PlacementError` unless the placement obeys every rule of the request and view."""
+    """Raise :class:`PlacementError` unless the placement obeys every rule of the request and view.
+
+    Capacity binds: a fragment may stay below ``min_replicas`` only when no allowed site
+    has room left for it once the placement is made (a heterogeneous cluster can run out);
+    it then recovers from the remote store, or loses data, which is the placement's penalty.
+    """
     known = {f.fragment_id for f in request.fragments}
     extra = sorted(set(placement.sites) - known)
     if extra:
@@ -180,7 +185,7 @@ def validate_placement(request: PlacementRequest, view: ClusterView, placement: 
     used: dict[tuple[int, str], float] = {}
     for frag in request.fragments:
         sites = placement.sites.get(frag.fragment_id, ())
-        if not request.min_replicas <= len(sites) <= request.max_replicas:
+        if len(sites) > request.max_replicas:
             raise PlacementError(
                 f"{frag.fragment_id}: {len(sites)} replicas, the request allows "
                 f"{request.min_replicas}..{request.max_replicas}")
@@ -204,3 +209,16 @@ def validate_placement(request: PlacementRequest, view: ClusterView, placement: 
     total = placement.replica_bytes(request)
     if total > request.budget_bytes * (1 + 1e-9):
         raise PlacementError(f"placement uses {total:.0f} replica bytes, the budget is {request.budget_bytes:.0f}")
+    for frag in request.fragments:
+        sites = placement.sites.get(frag.fragment_id, ())
+        if len(sites) >= request.min_replicas:
+            continue
+        held = {s.node for s in sites}
+        room = [(s.node, tier) for s in view.nodes if s.alive and s.node != frag.owner and s.node not in held
+                for tier in TIERS if view.free_bytes(s.node, tier) - used.get((s.node, tier), 0.0)
+                >= frag.nbytes * (1 - 1e-9)]
+        if room:
+            node, tier = room[0]
+            raise PlacementError(
+                f"{frag.fragment_id}: {len(sites)} replicas, the request allows "
+                f"{request.min_replicas}..{request.max_replicas}, and node {node} {tier} still has room for it")

@@ -97,8 +97,11 @@ def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_interva
 
 
 def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=None, max_nodes: int = MAX_NODES,
-                 pretrain_intervals: int = 3000, scenarios=None, progress=None):
-    """Train MaskablePPO from scratch; returns the model (``model.save(path)`` to keep it)."""
+                 pretrain_intervals: int = 3000, scenarios=None, progress=None, io=None):
+    """Train MaskablePPO from scratch; returns the model (``model.save(path)`` to keep it).
+
+    ``io``: the I/O cost model the training scenarios' read times come from (None: constants).
+    """
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -111,7 +114,7 @@ def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=N
             return True
 
     scenarios = scenarios or training_scenarios(seed=seed, intervals=intervals, spec=spec,
-                                                pretrain_intervals=pretrain_intervals)
+                                                pretrain_intervals=pretrain_intervals, io=io)
     source = SimulatedEpisodes(scenarios)
     with _one_thread():
         envs = _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes))

@@ -5,7 +5,9 @@ environment ask one object for transfer times, so that a measured cost model
 (:mod:`ucp.replication.io_cost`) replaces the bandwidth constants of
 :class:`~ucp.replication.cluster.ClusterSpec` everywhere at once. A peer's time is
 the tier's time for that many bytes divided by the node's ``speed`` (1: the
-cluster's nominal NIC and devices; 0.25: a node four times slower).
+cluster's nominal NIC and devices; 0.25: a node four times slower). The tier's time
+is the spec's bandwidth for it (the network path) or, with a measured cost model,
+the slower of that path and the store's predicted restore time.
 
 Example::
 
@@ -32,10 +34,15 @@ class TransferTimes:
     io: object | None = None  # an IoCostModel (``seconds(op, tier, nbytes)``); None: the spec's bandwidths
 
     def tier_seconds(self, tier: str, nbytes: float) -> float:
-        """Seconds to restore ``nbytes`` from ``tier`` at nominal speed."""
-        if self.io is not None:
-            return self.io.seconds("restore", tier, nbytes)
-        return nbytes / self.spec.bandwidth(tier)
+        """Seconds to restore ``nbytes`` from ``tier`` at nominal speed.
+
+        With a cost model the slower of two pipelined stages sets the time: the store's own
+        measured restore (``io``) and the path to the reader at the spec's bandwidth for
+        that tier (the network for a peer's memory or disk, the per-reader share of the
+        remote store).
+        """
+        path = nbytes / self.spec.bandwidth(tier)
+        return path if self.io is None else max(path, self.io.seconds("restore", tier, nbytes))
 
     def peer_seconds(self, node: int, tier: str, nbytes: float) -> float:
         return self.tier_seconds(tier, nbytes) / (self.speed[node] if self.speed else 1.0)
