@@ -59,8 +59,9 @@ HETERO = {
 }
 HETERO_TRAINING = ("hetero-rack", "hetero-lemon")
 # Published rates make coincident failures rare: these are evaluated by expectation over the true
-# hazards (replication.expected), not by sampling failures.
-EXPECTED = ("published",)
+# hazards (simulator.simulate_expected), not by sampling failures; hetero-x100 too, so that its
+# paired differences carry no sampling noise at all.
+EXPECTED = ("published", "hetero-x100")
 LOGS = {"log-replay": "loghub-hpc-analysis.json", "log-thunderbird": "loghub-thunderbird-analysis.json"}
 # Trained on, never evaluated: correlated failures that respect no rack (the RL policy's training mix).
 TRAINING_ONLY = ("burst",)
