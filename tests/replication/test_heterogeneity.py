@@ -144,3 +144,18 @@ def test_paired_difference_is_per_seed_against_the_best_other_policy():
     assert pair["ettr_diff"] == pytest.approx(0.01)
     lo, hi = pair["lost_s_ci95"]
     assert lo < -15.0 < hi and hi - (-15.0) == pytest.approx(12.706205 * np.std([-10, -20], ddof=1) / np.sqrt(2), rel=1e-5)
+
+
+def test_the_rl_observation_shows_speed_free_memory_and_shard_size():
+    from ucp.replication.rl_env import NODE_FEATURES, PlacementBuilder
+
+    request, view = _request((20, 10, 10, 10)), _view(memory=(10, 40, 10, 10), disk=(20, 20, 20, 20),
+                                                      speed=(1, 1, 0.25, 1))
+    builder = PlacementBuilder(request, view, max_nodes=4)
+    obs = builder.observation()
+    nodes = obs[: 4 * NODE_FEATURES].reshape(4, NODE_FEATURES)
+    assert nodes[:, 11].tolist() == [0.0, 0.0, -1.0, 0.0]  # log2(speed) / 2
+    frag = builder.current
+    expected_memory = [min(m / (2 * frag.nbytes / 1e9), 1.0) for m in (10, 40, 10, 10)]
+    assert nodes[:, 12].tolist() == pytest.approx(expected_memory)
+    assert obs[-1] == pytest.approx(np.log2(frag.nbytes / (50e9 / 4)) / 2)  # the shard against the mean

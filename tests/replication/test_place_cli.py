@@ -42,12 +42,13 @@ def test_eval_json_is_exactly_the_documented_schema(evaluated):
         assert pair["seeds"] == 2 and pair["baseline"] in POLICIES and pair["baseline"] != "rl"
         rows = report["scenarios"][family]
         assert pair["ettr_diff"] == pytest.approx(rows["rl"]["ettr"] - rows[pair["baseline"]]["ettr"])
-    for rows in report["scenarios"].values():
+    for family, rows in report["scenarios"].items():
         assert sorted(rows) == POLICIES
         for metrics in rows.values():
             assert sorted(metrics) == METRICS
             assert 0 <= metrics["remote_share"] <= 1 and 0 <= metrics["storage_utilization"] <= 1
-            assert metrics["storage_bytes"] <= 2 * 16 * 64e9  # never above the budget
+            largest = 2 * 64e9 if family.startswith("hetero-") else 64e9  # hetero shards: up to 2x
+            assert metrics["storage_bytes"] <= 2 * 16 * largest  # never above the budget
             assert 0 < metrics["ettr"] <= 1
             lo, hi = metrics["ci95"]["ettr"]
             assert lo <= metrics["ettr"] <= hi
