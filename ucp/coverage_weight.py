@@ -50,7 +50,7 @@ class CoverageWeights:
 
     def _box(self, box: Box) -> int:
         term = 1
-        for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes)):
+        for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes, strict=True)):
             term = term * (self._value(dim, offset + size) - self._value(dim, offset)) % PRIME
         return term
 

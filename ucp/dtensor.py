@@ -65,7 +65,7 @@ def dtensor_spec(key: str, dt: Any, *, logical_name: str | None = None) -> tuple
     if any(strided):  # FSDP2 over tensor parallelism: its shard's box is torch's to compute
         from torch.distributed.tensor import Shard
 
-        placements = [Shard(p.dim) if s else p for p, s in zip(dt.placements, strided)]
+        placements = [Shard(p.dim) if s else p for p, s in zip(dt.placements, strided, strict=True)]
     box, replica, replicas = dtensor_box(tuple(dt.shape), placements, tuple(mesh.shape), tuple(coords), key=key)
     if any(strided):
         (chunk,) = dt.__create_chunk_list__()

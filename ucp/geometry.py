@@ -23,6 +23,7 @@ and box/flat alike::
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class Box:
 
     @property
     def stops(self) -> tuple[int, ...]:
-        return tuple(o + s for o, s in zip(self.offsets, self.sizes))
+        return tuple(o + s for o, s in zip(self.offsets, self.sizes, strict=True))
 
     def is_empty(self) -> bool:
         return 0 in self.sizes
@@ -71,7 +72,7 @@ class Box:
         # One pass, stopping at the first dim without overlap: a reader plans millions of these.
         # (An empty box has a dim of size 0, which no other box overlaps, so it gives None here too.)
         lo, sizes = [], []
-        for a, s, b, t in zip(self.offsets, self.sizes, other.offsets, other.sizes):
+        for a, s, b, t in zip(self.offsets, self.sizes, other.offsets, other.sizes, strict=True):
             start, stop = max(a, b), min(a + s, b + t)
             if stop <= start:
                 return None
@@ -80,25 +81,25 @@ class Box:
         return Box(tuple(lo), tuple(sizes))
 
     def contains(self, other: "Box") -> bool:
-        return all(a <= b for a, b in zip(self.offsets, other.offsets)) and all(
-            a >= b for a, b in zip(self.stops, other.stops)
+        return all(a <= b for a, b in zip(self.offsets, other.offsets, strict=True)) and all(
+            a >= b for a, b in zip(self.stops, other.stops, strict=True)
         )
 
     def relative_to(self, outer: "Box") -> "Box":
         """This box in the coordinates of ``outer`` (which must contain it)."""
-        return Box(tuple(a - b for a, b in zip(self.offsets, outer.offsets)), self.sizes)
+        return Box(tuple(a - b for a, b in zip(self.offsets, outer.offsets, strict=True)), self.sizes)
 
     def shifted(self, offsets: Sequence[int]) -> "Box":
-        return Box(tuple(a + b for a, b in zip(self.offsets, offsets)), self.sizes)
+        return Box(tuple(a + b for a, b in zip(self.offsets, offsets, strict=True)), self.sizes)
 
     def slices(self) -> tuple[slice, ...]:
-        return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.sizes))
+        return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.sizes, strict=True))
 
     def to_dict(self) -> dict:
         return {"offsets": list(self.offsets), "sizes": list(self.sizes)}
 
     def __str__(self) -> str:
-        return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(self.offsets, self.sizes)) + "]"
+        return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(self.offsets, self.sizes, strict=True)) + "]"
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,7 @@ def box_fits(box: Box, shape: Sequence[int]) -> bool:
     """Whether ``box`` lies inside a ``shape`` tensor (same rank, every stop within its dim)."""
     if len(box.sizes) != len(shape):
         return False
-    for o, s, n in zip(box.offsets, box.sizes, shape):  # a loop, not all(): every planned copy asks
+    for o, s, n in zip(box.offsets, box.sizes, shape, strict=True):  # a loop, not all(): every planned copy asks
         if o + s > n:
             return False
     return True
@@ -446,7 +447,7 @@ def _fingerprint(boxes: Sequence[Box], shape: tuple[int, ...]) -> bool:
         if len(box.sizes) != ndim:
             return False
         term = 1
-        for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes)):
+        for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes, strict=True)):
             if offset + size > shape[dim]:
                 return False  # does not fit (offsets and sizes are >= 0 by construction)
             table = tables[dim]
@@ -521,7 +522,7 @@ def _union_numel(boxes: list[Box]) -> int:
         if dim == ndim:
             total += volume if active else 0
             return
-        for lo, hi in zip(cuts[dim], cuts[dim][1:]):
+        for lo, hi in itertools.pairwise(cuts[dim]):
             inside = [b for b in active if b.offsets[dim] <= lo and hi <= b.stops[dim]]
             if inside:
                 walk(dim + 1, inside, volume * (hi - lo))

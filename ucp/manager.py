@@ -368,7 +368,9 @@ class CheckpointManager:
         ``.step_NNNNNNNN.ucp-staging-old-*`` and no step directory: that one is renamed
         back (with a :class:`~ucp.errors.RestoreFallbackWarning`), never deleted.
         :meth:`restore` calls this on rank 0, when no save of this job can be in flight;
-        saves still pending in this manager are never touched.
+        saves still pending in this manager are never touched, and neither is a save that
+        another live process is writing into the same directory (each staging directory
+        names its owner: :mod:`ucp.stores.staging_owner`).
         """
         in_flight = {os.path.basename(os.fspath(handle.path).rstrip("/")) for _, handle in self._pending}
         removed, recovered = self._store.sweep(child=lambda name: _STEP_DIR.match(name) is not None, skip=in_flight)

@@ -1,77 +1,80 @@
-"""Where each piece of a rank's new state comes from: itself, a peer's memory, or storage.
+"""Where each read of a rank's new state comes from: itself, a peer's memory, or storage.
 
 A recovering job holds a committed checkpoint's arrays in memory, spread over the
 surviving ranks (each rank's own arrays, and the replicas of other ranks' arrays that
 a placement policy put there). A rank that takes a new place in a new layout needs the
-regions of logical tensors its new fragment map names. :func:`plan_sources` decides,
-for every such region, which held fragment supplies it: the rank's own memory first,
-then a peer's (spread over the holders), and storage only for what no survivor holds.
+regions of logical tensors its new fragment map names: exactly the reads of a load plan
+(:func:`ucp.load_plan.plan_load` over the checkpoint's manifest). Every read comes out of
+one saved fragment, and a fragment is held whole (its array) or not at all, so choosing a
+source is a per-read choice among the fragment's holders, with no geometry of its own:
+:func:`assign_holders` picks the rank's own memory first, then a peer (spread over the
+holders, so ranks needing the same array ask different ones), and storage only for a
+fragment no survivor holds. Every element of every target piece is planned exactly once,
+because the load plan's reads are::
 
-It is the reader's geometry (:func:`ucp.geometry.plan_overlaps` over a logical
-tensor's regions) with more than one kind of source: a plan is a value, computed from
-plain data, so it is tested without processes; the executor that moves the bytes
-(:mod:`ucp.replication.hot_reshard`) is thin. Its requests are those a load plan of the
-same map fills (:func:`ucp.load_plan.requests_of`); unlike a load plan's fragments, held
-regions may overlap (a rank's own copy and a peer's), so the first holder in order wins.
-Every element of every target piece is planned exactly once::
-
-    >>> from ucp.spec import FragmentMap, LogicalTensor, ShardPiece, TensorSpec
-    >>> lt = {"w": LogicalTensor("w", (4, 2), "float32")}
-    >>> want = FragmentMap(rank=0, logical=lt, tensors={"w": TensorSpec("w", (
-    ...     ShardPiece("w", Box((0, 0), (4, 2)), Box((0, 0), (4, 2))),))})
-    >>> held = [HeldFragment(rank=1, key="r1/a", logical="w", region=Box((2, 0), (2, 2)))]
-    >>> plan = plan_sources(want, held, {"w": (4, 2)})
-    >>> [(f.source.rank, str(f.overlap)) for f in plan.fetches], [str(r.overlap) for r in plan.reads]
+    >>> from ucp.geometry import Box
+    >>> from ucp.load_plan import LoadRequest, plan_load
+    >>> from ucp.manifest import Fragment, TensorEntry
+    >>> saved = {"w": TensorEntry("w", "float32", (4, 2), (
+    ...     Fragment("r0/a", 0, Box((0, 0), (2, 2)), 16, 2), Fragment("r1/a", 1, Box((2, 0), (2, 2)), 16, 2)))}
+    >>> plan = plan_load(saved, [LoadRequest("w", Box((0, 0), (4, 2)), "w")])
+    >>> peer = assign_holders(plan, {"r1/a": [1, 2]}, rank=0, world=3)
+    >>> [(f.holder, str(f.overlap)) for f in peer.fetches], [str(r.overlap) for r in peer.reads]
     ([(1, '[2:4, 0:2]')], ['[0:2, 0:2]'])
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from ucp.geometry import Box, Piece, Region, plan_overlaps, region_pieces
-from ucp.load_plan import requests_of
-from ucp.spec import FragmentMap
+from ucp.geometry import Box, Piece
+from ucp.load_plan import LoadPlan, LoadRequest, ReadItem
 
-__all__ = ["HeldFragment", "Fetch", "PeerPlan", "plan_sources", "subtract"]
-
-
-@dataclass(frozen=True)
-class HeldFragment:
-    """A checkpoint fragment some rank holds in memory: ``region`` of logical tensor ``logical``,
-    stored in array ``key`` (as the manifest records it)."""
-
-    rank: int
-    key: str
-    logical: str
-    region: Region
+__all__ = ["Fetch", "PeerPlan", "assign_holders"]
 
 
 @dataclass(frozen=True)
 class Fetch:
-    """Copy ``overlap`` (logical coordinates) into local tensor ``dest_key``.
+    """One read of a load plan and where it comes from: rank ``holder``'s memory, or storage (None).
 
-    ``source`` is None for a read from storage. ``piece`` indexes the local tensor's
-    pieces in its fragment map; ``dst`` is the piece of that piece's target region
-    holding the overlap (the reader's :class:`~ucp.geometry.Piece`).
+    ``request`` is the read's request (its local tensor ``dest`` and piece ``piece``), ``item``
+    the read (saved fragment, the overlap in logical coordinates, and the pieces holding it).
     """
 
-    source: HeldFragment | None
-    logical: str
-    dest_key: str
-    piece: int
-    dst: Piece
-    overlap: Box
+    request: LoadRequest
+    item: ReadItem
+    holder: int | None
+
+    @property
+    def logical(self) -> str:
+        return self.request.logical
+
+    @property
+    def dest_key(self) -> str:
+        assert self.request.dest is not None, "a fragment map's requests name their local tensor"
+        return self.request.dest
+
+    @property
+    def piece(self) -> int:
+        return self.request.piece
+
+    @property
+    def dst(self) -> Piece:
+        return self.item.dst
+
+    @property
+    def overlap(self) -> Box:
+        return self.item.overlap
 
     @property
     def numel(self) -> int:
-        return self.overlap.numel
+        return self.item.numel
 
 
 @dataclass(frozen=True)
 class PeerPlan:
-    """One rank's plan: ``fetches`` from held fragments (its own or peers'), ``reads`` from storage."""
+    """One rank's plan: ``fetches`` from held arrays (its own or peers'), ``reads`` from storage."""
 
     rank: int
     fetches: tuple[Fetch, ...]
@@ -81,82 +84,28 @@ class PeerPlan:
         """Elements by origin: ``own``, ``peer`` and ``storage``."""
         out = {"own": 0, "peer": 0, "storage": sum(r.numel for r in self.reads)}
         for f in self.fetches:
-            assert f.source is not None, "a fetch has a held source (reads from storage are in reads)"
-            out["own" if f.source.rank == self.rank else "peer"] += f.numel
+            out["own" if f.holder == self.rank else "peer"] += f.numel
         return out
 
 
-def subtract(box: Box, cut: Box) -> list[Box]:
-    """``box`` minus ``cut`` as disjoint boxes (at most ``2 * ndim``).
+def _choose(holders: Collection[int], rank: int, world: int) -> int | None:
+    """Own memory first; then the first holder after ``rank`` in ring order, so that ranks
+    needing the same array ask different holders."""
+    if rank in holders:
+        return rank
+    return min(holders, key=lambda h: (h - rank) % max(world, 1), default=None)
 
-    >>> [str(b) for b in subtract(Box((0, 0), (4, 4)), Box((1, 1), (2, 2)))]
-    ['[0:1, 0:4]', '[3:4, 0:4]', '[1:3, 0:1]', '[1:3, 3:4]']
+
+def assign_holders(plan: LoadPlan, holders: Mapping[str, Collection[int]], rank: int, world: int) -> PeerPlan:
+    """A source for every read of ``plan`` (this rank's load plan). Pure.
+
+    ``holders``: saved array key -> the ranks holding it in memory (with a digest that matched);
+    a read whose array nobody holds is left to storage.
     """
-    inner = box.intersect(cut)
-    if inner is None:
-        return [box]
-    out: list[Box] = []
-    lo, sizes = list(box.offsets), list(box.sizes)
-    for d in range(box.ndim):
-        if inner.offsets[d] > lo[d]:  # the slab before the cut along d
-            out.append(
-                Box(
-                    tuple(lo[:d]) + (lo[d],) + tuple(lo[d + 1 :]),
-                    tuple(sizes[:d]) + (inner.offsets[d] - lo[d],) + tuple(sizes[d + 1 :]),
-                )
-            )
-        stop, inner_stop = lo[d] + sizes[d], inner.offsets[d] + inner.sizes[d]
-        if inner_stop < stop:  # the slab after it
-            out.append(
-                Box(
-                    tuple(lo[:d]) + (inner_stop,) + tuple(lo[d + 1 :]),
-                    tuple(sizes[:d]) + (stop - inner_stop,) + tuple(sizes[d + 1 :]),
-                )
-            )
-        lo[d], sizes[d] = inner.offsets[d], inner.sizes[d]  # the rest lies inside the cut along d
-    return out
-
-
-def _order(held: Sequence[HeldFragment], rank: int, world: int) -> list[HeldFragment]:
-    """Own fragments first; then peers, starting after ``rank`` so that ranks needing the same
-    piece ask different holders."""
-    return sorted(held, key=lambda h: ((h.rank - rank) % max(world, 1), h.key))
-
-
-def plan_sources(
-    target: FragmentMap,
-    held: Sequence[HeldFragment],
-    shapes: Mapping[str, tuple[int, ...]],
-    *,
-    world: int | None = None,
-) -> PeerPlan:
-    """Sources for every piece of ``target`` (one rank's load-direction fragment map).
-
-    ``held``: every fragment held in memory anywhere (any order); ``shapes``: logical
-    name -> shape. Regions no held fragment covers become storage reads. Pure.
-    """
-    world = world if world is not None else 1 + max((h.rank for h in held), default=target.rank)
-    by_name: dict[str, list[HeldFragment]] = {}
-    for h in held:
-        by_name.setdefault(h.logical, []).append(h)
-    ordered = {name: _order(items, target.rank, world) for name, items in by_name.items()}
     fetches: list[Fetch] = []
     reads: list[Fetch] = []
-    for request in requests_of(target):  # the requests a load plan of the same map fills
-        dest = request.dest
-        assert dest is not None, "a fragment map's requests name their local tensor"
-        shape = tuple(shapes[request.logical])
-        remaining: list[tuple[Piece, Box]] = [(p, p.box) for p in region_pieces(request.region, shape)]
-        for source in ordered.get(request.logical, ()):
-            if not remaining:
-                break
-            left: list[tuple[Piece, Box]] = []
-            for dst, box in remaining:
-                rest = [box]
-                for op in plan_overlaps([source.region], box, shape):
-                    fetches.append(Fetch(source, request.logical, dest, request.piece, dst, op.overlap))
-                    rest = [part for r in rest for part in subtract(r, op.overlap)]
-                left += [(dst, r) for r in rest]
-            remaining = left
-        reads += [Fetch(None, request.logical, dest, request.piece, dst, box) for dst, box in remaining]
-    return PeerPlan(target.rank, tuple(fetches), tuple(reads))
+    for item in plan.items:
+        holder = _choose(holders.get(item.fragment.key, ()), rank, world)
+        fetch = Fetch(plan.requests[item.request], item, holder)
+        (reads if holder is None else fetches).append(fetch)
+    return PeerPlan(rank, tuple(fetches), tuple(reads))

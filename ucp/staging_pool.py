@@ -237,7 +237,10 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         out, source = out.reshape(-1), source.reshape(-1)
         pieces = min(_COPY_THREADS + 1, max(1, source.nbytes // _COPY_PIECE_BYTES))
         bounds = [len(source) * i // pieces for i in range(pieces + 1)]
-        jobs = [_copier().submit(np.copyto, out[lo:hi], source[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        jobs = [
+            _copier().submit(np.copyto, out[lo:hi], source[lo:hi])
+            for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)
+        ]
         np.copyto(out[: bounds[1]], source[: bounds[1]])
         for job in jobs:
             job.result()

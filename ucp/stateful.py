@@ -111,15 +111,15 @@ def create_optimizer_state(opt: torch.optim.Optimizer, wanted: set[int]) -> None
     try:
         for i, p in enumerate(params):
             p.grad = torch.zeros_like(p) if i in lacking else None
-        for group, lr in zip(opt.param_groups, lrs):
+        for group, lr in zip(opt.param_groups, lrs, strict=True):
             if lr is not None:
                 group["lr"] = torch.zeros_like(lr) if isinstance(lr, torch.Tensor) else 0.0
         opt.step()
     finally:
-        for group, lr in zip(opt.param_groups, lrs):
+        for group, lr in zip(opt.param_groups, lrs, strict=True):
             if lr is not None:
                 group["lr"] = lr
-        for p, grad in zip(params, grads):
+        for p, grad in zip(params, grads, strict=True):
             p.grad = grad
 
 

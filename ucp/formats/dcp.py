@@ -117,7 +117,7 @@ class _Sink:
     def resolve_tensor(self, item: Any) -> torch.Tensor:
         view = self.out
         assert view is not None, "only a sink made with out= resolves tensors"
-        for dim, (start, length) in enumerate(zip(item.dest_offsets, item.lengths)):
+        for dim, (start, length) in enumerate(zip(item.dest_offsets, item.lengths, strict=True)):
             view = view.narrow(dim, start, length)
         return view
 
@@ -286,7 +286,7 @@ class DcpReader:
             return False
         file, offset = where
         view = out
-        for dim, (start, length) in enumerate(zip(overlap.relative_to(box).offsets, overlap.sizes)):
+        for dim, (start, length) in enumerate(zip(overlap.relative_to(box).offsets, overlap.sizes, strict=True)):
             view = view.narrow(dim, start, length)
         read_box(
             file.fileno(),

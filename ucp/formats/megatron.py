@@ -165,8 +165,8 @@ class MegatronReader:
         params = [k for k, t in model.items() if not k.rsplit(".", 1)[-1].startswith("_")]
         by_group = _megatron_groups(params, model, groups, self.files[rank])
         out: dict[str, torch.Tensor] = {}
-        for g, (group, names) in enumerate(zip(groups, by_group)):
-            for j, (index, name) in enumerate(zip(group["params"], names)):
+        for g, (group, names) in enumerate(zip(groups, by_group, strict=True)):
+            for j, (index, name) in enumerate(zip(group["params"], names, strict=True)):
                 entry = state.get(index, {})
                 for key in ("exp_avg", "exp_avg_sq"):
                     if key in entry:
@@ -230,7 +230,7 @@ class MegatronReader:
                 if overlap is None:
                     continue
                 source = self._local_tensor(rank, key)
-                src_box = local.shifted(tuple(o - t for o, t in zip(overlap.offsets, target.offsets)))
+                src_box = local.shifted(tuple(o - t for o, t in zip(overlap.offsets, target.offsets, strict=True)))
                 src_box = Box(src_box.offsets, overlap.sizes)
                 out[overlap.relative_to(target_box).slices()] = source[src_box.slices()]
             return out
@@ -292,7 +292,7 @@ class MegatronReader:
             groups = opt.get("optimizer", opt).get("param_groups") or []
             model = {k: t for k, t in self._rank_tensors(rank).items() if k.startswith("model")}
             params = [k for k in model if not k.rsplit(".", 1)[-1].startswith("_")]
-            for group, keys in zip(groups, _megatron_groups(params, model, groups, self.files[rank])):
+            for group, keys in zip(groups, _megatron_groups(params, model, groups, self.files[rank]), strict=True):
                 hyper = {k: json_value(v) for k, v in group.items() if k != "params"}
                 entry = merged.setdefault(repr(sorted(hyper.items())), {**hyper, "params": []})
                 for key in keys:

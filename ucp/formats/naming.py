@@ -225,7 +225,7 @@ class _Namer:
             params = list(group.get("params", []))
             names = group.get("param_names")
             if names is not None and len(names) == len(params):
-                ids.update({p: strip_wrappers(str(n)) for p, n in zip(params, names)})
+                ids.update({p: strip_wrappers(str(n)) for p, n in zip(params, names, strict=True)})
             for p in params:
                 ids.setdefault(p, strip_wrappers(p) if isinstance(p, str) else str(p))
             hyper = {str(k): plain(v) for k, v in group.items() if k not in ("params", "param_names")}

@@ -40,7 +40,7 @@ WRITEBACK_BYTES = 4 << 20
 def flat_offset(shape: tuple[int, ...], offsets: tuple[int, ...]) -> int:
     """Row-major element index of ``offsets`` in a ``shape`` tensor."""
     index = 0
-    for size, offset in zip(shape, offsets):
+    for size, offset in zip(shape, offsets, strict=True):
         index = index * size + offset
     return index
 
@@ -99,7 +99,7 @@ def read_box(
         return out
     # Read whole rows of dim 0 in slabs and copy the box's part of them.
     rows = max(1, SLAB_BYTES // max(1, row_bytes))
-    inner = tuple(slice(o, o + s) for o, s in zip(box.offsets[1:], box.sizes[1:]))
+    inner = tuple(slice(o, o + s) for o, s in zip(box.offsets[1:], box.sizes[1:], strict=True))
     for r0 in range(0, box.sizes[0], rows):
         n = min(rows, box.sizes[0] - r0)
         slab = allocate((n,) + tuple(shape[1:]), dtype, what=what)

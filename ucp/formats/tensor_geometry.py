@@ -66,7 +66,7 @@ class Geometry:
         """Storage elements from the first to the last one the tensor uses (0 when it is empty)."""
         if not self.numel:
             return 0
-        return sum((s - 1) * st for s, st in zip(self.shape, self.stride)) + 1
+        return sum((s - 1) * st for s, st in zip(self.shape, self.stride, strict=True)) + 1
 
     @property
     def stored_nbytes(self) -> int:
@@ -85,7 +85,7 @@ class Geometry:
 
     def contiguous(self) -> bool:
         return self.stride == _row_major(self.shape) or all(
-            st == e or size == 1 for st, e, size in zip(self.stride, _row_major(self.shape), self.shape)
+            st == e or size == 1 for st, e, size in zip(self.stride, _row_major(self.shape), self.shape, strict=True)
         )
 
 

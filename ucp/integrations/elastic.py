@@ -79,6 +79,9 @@ class ElasticContext:
     rendezvous_timeout_s: float
     membership: Membership | None = None
     _formed: str | None = field(default=None, repr=False)
+    # join() and the beat thread's release of a stale generation's collectives exclude each other
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _joining: bool = field(default=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -94,6 +97,8 @@ class ElasticContext:
     def join(self, after: int, *, timeout_s: float | None = None) -> Membership | None:
         """The first generation newer than ``after`` that names this rank, once all its members are
         ready; None when the agent stops the job first (an idle spare at the end)."""
+        with self._lock:
+            self._joining = True
         deadline = time.monotonic() + (self.rendezvous_timeout_s if timeout_s is None else timeout_s)
         while time.monotonic() < deadline:
             if self.stopped():
@@ -106,9 +111,11 @@ class ElasticContext:
                     continue
                 self.store.set(f"ready/{latest}/{self.uid}", "1")
                 if self._all_ready(latest, info["uids"], deadline):
-                    self.membership = Membership(latest, info["uids"].index(self.uid), len(info["uids"]),
-                                                 Layout.parse(info["layout"]), info["active"], info["why"],
-                                                 tuple(info["uids"]))
+                    with self._lock:
+                        self.membership = Membership(latest, info["uids"].index(self.uid), len(info["uids"]),
+                                                     Layout.parse(info["layout"]), info["active"], info["why"],
+                                                     tuple(info["uids"]))
+                        self._joining = False
                     return self.membership
                 continue  # superseded while waiting (a failure during re-forming): the newer one is read next
             time.sleep(0.002)
@@ -129,12 +136,22 @@ class ElasticContext:
         """(Re)create the default process group for this membership over a fresh store prefix
         (``world``: the first ``world`` ranks only, e.g. the training ones)."""
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
         self.leave()
+        # torch gives every group made with new_group (a device mesh's, FSDP2's, a trainer's own) a
+        # 30-minute default timeout, and gloo cannot abort a collective: a survivor blocked in one with
+        # a live peer that has already left for the next generation waits until that timeout. Every
+        # group of this process gets the collective timeout instead, which bounds that wait.
+        c10d.default_pg_timeout = timedelta(seconds=self.collective_timeout_s)
         m = self.membership
+        world_size = m.world if world is None else world
+        # what torchrun sets, which some engines read (DeepSpeed asserts LOCAL_RANK); one host here
+        os.environ.update(RANK=str(m.rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(m.rank),
+                          LOCAL_WORLD_SIZE=str(world_size))
         prefix = f"pg/{m.generation}/{tag}"
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self.store), rank=m.rank,
-                                world_size=m.world if world is None else world,
+                                world_size=world_size,
                                 timeout=timedelta(seconds=self.collective_timeout_s))
         self._formed = prefix
 
@@ -150,10 +167,29 @@ class ElasticContext:
 BEAT_EVERY_S = 0.5
 
 
-def _beat_forever(store, uid: int) -> None:
+RELEASE_AFTER_S = 1.0
+
+
+def _beat_forever(store, ctx: ElasticContext, port: int) -> None:
+    """Beat every BEAT_EVERY_S; and once a newer generation is published while the main thread has
+    not come to join it for RELEASE_AFTER_S (blocked in a collective with live peers that left),
+    release that collective (:mod:`ucp.integrations.collective_release`)."""
+    from ucp.integrations.collective_release import release_collectives
+
+    behind_since, released_for = None, -1
     while True:
         try:
-            store.set(f"beat/{uid}", repr(time.time()))
+            store.set(f"beat/{ctx.uid}", repr(time.time()))
+            m = ctx.membership
+            if m is None or ctx._joining or m.generation == released_for or int(store.get("gen")) <= m.generation:
+                behind_since = None
+            elif behind_since is None:
+                behind_since = time.monotonic()
+            elif time.monotonic() - behind_since > RELEASE_AFTER_S:
+                with ctx._lock:
+                    if not ctx._joining and ctx.membership is m:  # still in the old generation's code
+                        ctx.emit("released", generation=m.generation, sockets=release_collectives(keep_port=port))
+                released_for, behind_since = m.generation, None
         except Exception:  # noqa: BLE001 - the agent is gone: nobody to tell
             return
         time.sleep(BEAT_EVERY_S)
@@ -170,7 +206,7 @@ def _elastic_worker(uid: int, port: int, timeouts: tuple[float, float], events, 
     # Liveness beats from a thread of their own, over a connection of their own: a rank waiting in a
     # collective still beats (the wait releases the GIL); a frozen or stopped process does not.
     beats = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeouts[1]))
-    threading.Thread(target=_beat_forever, args=(beats, uid), daemon=True).start()
+    threading.Thread(target=_beat_forever, args=(beats, ctx, port), daemon=True).start()
     try:
         result = fn(ctx, *args)
         ctx.emit("done", result=result)

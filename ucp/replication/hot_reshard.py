@@ -8,8 +8,9 @@ every rank of the re-formed process group:
 1. each rank checks the blobs it holds against the replica map's digests (a corrupt
    copy is dropped with a :class:`~ucp.replication.errors.ReplicaWarning`, never offered);
 2. the ranks agree on the newest checkpoint any of them holds, and each one plans its
-   new state with :func:`ucp.peer_plan.plan_sources`: its own arrays, then peers',
-   then storage for what no survivor holds;
+   new state as a load plan (:func:`ucp.load_plan.plan_load`) whose reads
+   :func:`ucp.peer_plan.assign_holders` sends to its own arrays, then peers', then
+   storage for what no survivor holds;
 3. peers send exactly the requested regions (no whole tensors) in rounds of at most
    ``round_bytes`` (:func:`ucp.replication.replica_transfer.exchange`); the rest is read
    from the checkpoint, only those regions.
@@ -28,7 +29,7 @@ import time
 from collections import OrderedDict
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +44,14 @@ from ucp.replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
 from ucp.geometry import Box, FlatRange, region_pieces, region_shape
 from ucp.manifest import Manifest
-from ucp.peer_plan import Fetch, HeldFragment, PeerPlan, plan_sources
+from ucp.errors import UcpError
+from ucp.load_plan import LoadPlan, plan_load
+from ucp.peer_plan import Fetch, PeerPlan, assign_holders
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap
 from ucp.stores import MemoryStore
 
-__all__ = ["HotLoadReport", "reshard_from_memory", "local_view", "held_arrays"]
+__all__ = ["HotLoadReport", "reshard_from_memory", "hand_over", "local_view", "held_arrays"]
 
 
 @dataclass(frozen=True)
@@ -172,18 +175,22 @@ def _agree(problem: str | None, group) -> None:
             raise ReplicaError(text if r == rank else f"resharding from memory failed on rank {r}: {text}")
 
 
-def _newest(tiers: Sequence[ReplicaTier], group) -> tuple[str, CheckpointMeta]:
-    """The newest checkpoint any rank holds (by its replication generation), and its meta."""
+def _newest(tiers: Sequence[ReplicaTier], group, complete: Collection[str] | None = None) -> tuple[str, CheckpointMeta]:
+    """The newest checkpoint any rank holds (by its replication generation), and its meta.
+
+    ``complete``: the checkpoint paths this rank saw replicated on every rank (None: every held
+    one counts); a checkpoint no rank lists is passed over, so a half-replicated one is never used.
+    """
     mine = {}
     for tier in tiers:
         for ck in tier.checkpoints():
             meta = tier.get_meta(ck)
-            if meta is not None:
+            if meta is not None and (complete is None or meta.path in complete):
                 mine[ck] = meta.generation
     everyone = _gather(mine, group)
     known = {ck: gen for part in everyone for ck, gen in part.items()}
     if not known:
-        raise ReplicaError("no surviving rank holds a replicated checkpoint in memory; restore from storage")
+        raise ReplicaError("no surviving rank holds a completely replicated checkpoint in memory; restore from storage")
     ck = max(known, key=lambda c: (known[c], c))
     source = next(r for r, part in enumerate(everyone) if ck in part)
     box = [next(m for m in (t.get_meta(ck) for t in tiers) if m is not None) if dist.get_rank(group) == source else None]
@@ -191,39 +198,76 @@ def _newest(tiers: Sequence[ReplicaTier], group) -> tuple[str, CheckpointMeta]:
     return ck, box[0]
 
 
+def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_bytes: int = ROUND_BYTES,
+              complete: Collection[str] | None = None) -> int:
+    """Ranks ``active`` and up (about to leave the job) send the arrays of the newest held checkpoint
+    that no rank below ``active`` holds to one that does not (spread over them), which keeps them
+    in its first tier; a collective. Returns the bytes this rank received.
+
+    For a stack whose new fragment maps exist only once the training ranks have formed a group
+    of their own (DTensor meshes span the default group), so the leaving ranks cannot take part
+    in the reshard itself. Only copies whose digest matches are handed over (:func:`held_arrays`).
+    """
+    world = dist.get_world_size(group)
+    ck, meta = _newest(tiers, group, complete)
+    rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
+    blobs, _ = held_arrays(tiers, ck, rmap)
+    everyone = _gather({key: len(blob) for key, blob in blobs.items()}, group)
+    staying = {key for part in everyone[:active] for key in part}
+    transfers: list[Transfer] = []
+    for source in range(active, world):
+        for key, nbytes in sorted(everyone[source].items()):
+            if key not in staying:
+                staying.add(key)  # one copy is enough
+                transfers.append(Transfer(source, len(transfers) % active, key, nbytes))
+    received = [0]
+
+    def deliver(t: Transfer, blob) -> None:
+        if tiers[0].get_meta(ck) is None:
+            tiers[0].put_meta(ck, meta)
+        tiers[0].put(ck, t.key, bytes(blob))
+        received[0] += t.nbytes
+
+    problems = exchange(transfers, load=lambda t: blobs[t.key], deliver=deliver, group=group,
+                        round_bytes=round_bytes)
+    _agree("; ".join(problems) or None, group)
+    return received[0]
+
+
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES) -> tuple[Any, dict[str, torch.Tensor], FragmentMap,
-                                                                              HotLoadReport]:
+                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None
+                        ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
 
     ``make_target(logical)`` returns this rank's load-direction fragment map and zeroed
-    local tensors (``logical``: name -> LogicalTensor, from the held manifest). Returns the
+    local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
+    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`). Returns the
     checkpoint's JSON tree for this rank, the filled tensors, the map and a report.
     """
     began = time.perf_counter()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    ck, meta = _newest(tiers, group)
+    ck, meta = _newest(tiers, group, complete)
     files = CheckpointFiles(meta.path)
     manifest = Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
                                   checkpoint=meta.path, read_shard=files.read_shard)
     rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
     blobs, corrupt = held_arrays(tiers, ck, rmap)
-    index: dict[tuple[str, Any], int] = {}  # (logical, region) -> fragment index, as every rank numbers them
-    held_by_key: dict[str, list[tuple[str, Any]]] = {}
-    for name, entry in manifest.tensors.items():
-        for i, frag in enumerate(entry.fragments):
-            index[(name, frag.region)] = i
-            held_by_key.setdefault(frag.key, []).append((name, frag.region))
-    held = [HeldFragment(r, key, name, region)
-            for r, keys in enumerate(_gather(sorted(blobs), group)) for key in keys
-            for name, region in held_by_key.get(key, ())]
+    index = {(name, frag.key, frag.region): i for name, entry in manifest.tensors.items()
+             for i, frag in enumerate(entry.fragments)}  # as every rank numbers them
+    holders: dict[str, list[int]] = {}
+    for r, keys in enumerate(_gather(sorted(blobs), group)):
+        for key in keys:
+            holders.setdefault(key, []).append(r)
     logical = {n: _logical(manifest, n) for n in manifest.tensors}
     fmap, into = make_target(logical)
-    plan: PeerPlan = plan_sources(fmap, held, {n: lt.shape for n, lt in logical.items()}, world=world)
+    load_plan, problem = _plan_reads(manifest, fmap, meta.path)
+    _agree(problem, group)  # every rank refuses together: none is left waiting in a collective
+    assert load_plan is not None
+    plan: PeerPlan = assign_holders(load_plan, holders, rank, world)
     # Sources learn what to send: every rank's fetches, in one list all ranks agree on.
-    asks = [(f.source.rank, f.logical, index[(f.logical, f.source.region)], f.overlap.offsets, f.overlap.sizes)
-            for f in plan.fetches]
+    asks = [(f.holder, f.logical, index[(f.logical, f.item.fragment.key, f.item.fragment.region)],
+             f.overlap.offsets, f.overlap.sizes) for f in plan.fetches]
     everyone = _gather(asks, group)
     planned = time.perf_counter()
 
@@ -264,6 +308,21 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     report = HotLoadReport(meta.path, manifest.states.get(tree_rank), plan.elements(), sent, received,
                            tuple(corrupt), planned - began, transferred - planned, done - transferred)
     return manifest.states.get(tree_rank), into, fmap, report
+
+
+def _plan_reads(manifest: Manifest, fmap: FragmentMap, path: str) -> tuple[LoadPlan | None, str | None]:
+    """The load plan that fills ``fmap``, or why the checkpoint cannot (a missing tensor, a region no
+    fragment covers)."""
+    try:
+        load_plan = plan_load(manifest, fmap)
+    except UcpError as err:
+        return None, str(err)
+    gaps = load_plan.gaps()
+    if not gaps:
+        return load_plan, None
+    request = load_plan.requests[min(gaps)]
+    return None, (f"checkpoint {path} does not cover {request.region} of {request.logical!r} ({gaps[min(gaps)]} "
+            "elements have no fragment); it cannot fill this layout: resume from another checkpoint")
 
 
 def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Transfer], dict]:

@@ -41,6 +41,7 @@ from ucp.stores import errors
 from ucp.stores.base import BaseStore
 from ucp.stores.occupancy import check_replaceable, existing, exists_error
 from ucp.stores.options import StoreOptions
+from ucp.stores.staging_owner import owner_state, remove_markers, write_marker
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
 
 if TYPE_CHECKING:
@@ -367,6 +368,7 @@ class LocalStore(BaseStore):
         if not shared:
             staged.remove()  # a stale staging area of a killed save with the same token
         staged.makedirs()
+        write_marker(staged.root)  # a sweep by another process must see that this save is alive
 
     def commit(self, staged: "LocalStore", manifest: bytes, *, overwrite: bool, key_prefix: str) -> None:
         """Manifest last, then one atomic rename that never replaces by accident.
@@ -375,6 +377,7 @@ class LocalStore(BaseStore):
         the target while this save ran: the rename itself refuses an existing target, so two
         commits never both win. With it, the old checkpoint is moved aside, then deleted.
         """
+        remove_markers(staged.root)  # a checkpoint never carries them
         staged.write_bytes(MANIFEST_NAME, manifest)
         fsync_path(staged.root)
         os.makedirs(os.path.dirname(self.root), exist_ok=True)
@@ -474,7 +477,8 @@ class LocalStore(BaseStore):
         for _, entries in sorted(staged.items()):
             for entry in sorted(entries):
                 path = os.path.join(self.root, entry)
-                if os.path.isdir(path):
+                # Another process's save still writing here is not a leftover (staging_owner).
+                if os.path.isdir(path) and owner_state(path) == "dead":
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(entry)
         return sorted(removed), recovered

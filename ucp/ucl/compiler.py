@@ -114,7 +114,7 @@ def _finish(
     for rule, key, shape, pieces, dtype, owners in flats:
         replica, replicas, drop = flat_replication(rule, ctx, members, shapes_by_name, holder_cache)
         if saving and drop:
-            pieces = [p for p, owner in zip(pieces, owners) if owner not in drop]
+            pieces = [p for p, owner in zip(pieces, owners, strict=True) if owner not in drop]
         tensors[key] = TensorSpec(key, tuple(pieces), replica, replicas, rule.policy)
         local[key] = LocalTensor(key, shape, dtype)
     touched = {p.logical for spec in tensors.values() for p in spec.pieces}
@@ -186,7 +186,7 @@ def compile_save(
                     f"shape(s) {shapes_} give {again} on rank {rank} of {layout} (declare 'size dim D = ...' "
                     "for uneven or padded dimensions)"
                 )
-            for n, s in zip(names, shapes_):
+            for n, s in zip(names, shapes_, strict=True):
                 _add_logical(logical, LogicalTensor(n, s, dtype), key, program, rule)
             instances.append(_Instance(rule, caps, key, shape, dtype, pieces, names, list(shapes_)))
             used.add(rule.line)
@@ -247,14 +247,14 @@ def _save_shapes(rule: TensorRule, ctx: Context, env, key: str, names: list[str]
         if any(d is None for d in declared):
             raise
         implied = None  # a padded dimension without 'size dim': the declared shape says it
-    shapes_ = [d if d is not None else i for d, i in zip(declared, implied or declared)]
+    shapes_ = [d if d is not None else i for d, i in zip(declared, implied or declared, strict=True)]
     if all(d is None for d in declared):
         return shapes_
     again, _ = local_geometry(rule, ctx, env, names, shapes_)
     if again != shape:
         wrong = [
             (n, i, d, e)
-            for n, i, d, e in zip(names, implied or [None] * len(names), declared, rule.declared_shapes)
+            for n, i, d, e in zip(names, implied or [None] * len(names), declared, rule.declared_shapes, strict=True)
             if d is not None
         ]
         name, implied_shape, want, exprs = next(((n, i, d, e) for n, i, d, e in wrong if i != d), wrong[0])

@@ -53,7 +53,7 @@ def _declared(prog, base: Layout, params: dict) -> dict[str, LogicalTensor]:
                 if not where_ok(rule, ctx, env):
                     continue
                 names = [t.format(env, ctx.functions()) for t in rule.targets]
-                for name, shape in zip(names, declared_shapes(rule, ctx, env)):
+                for name, shape in zip(names, declared_shapes(rule, ctx, env), strict=True):
                     assert shape is not None, "_check_listable refuses rules that declare no shape"
                     logical[name] = LogicalTensor(name, shape, DTYPE)
                 if not rule.derived:

@@ -50,7 +50,7 @@ def flat_layout(sizes: Sequence[int], *, parts: int, index: int, each: bool, pad
     total = ceil_to(pos, math.lcm(pad_multiple, parts))
     chunk = total // parts
     lo, hi = index * chunk, (index + 1) * chunk
-    for m, (start, size) in enumerate(zip(starts, sizes)):
+    for m, (start, size) in enumerate(zip(starts, sizes, strict=True)):
         a, b = max(lo, start), min(hi, start + size)
         if b > a:
             runs.append((m, a - start, b - start, a - lo))
@@ -59,7 +59,7 @@ def flat_layout(sizes: Sequence[int], *, parts: int, index: int, each: bool, pad
 
 def _ravel(coords: Sequence[int], shape: Sequence[int]) -> int:
     index = 0
-    for c, s in zip(coords, shape):
+    for c, s in zip(coords, shape, strict=True):
         index = index * s + c
     return index
 
@@ -90,7 +90,8 @@ def contiguous_boxes(box: Box, shape: Sequence[int]) -> list[Box]:
     last = max(d for d in range(box.ndim) if box.sizes[d] != shape[d])
     out = []
     for index in itertools.product(*(range(n) for n in box.sizes[:last])):
-        offsets = tuple(o + i for o, i in zip(box.offsets, index)) + box.offsets[last:]
+        # index covers dims [0, last) only; the rest of the offsets are the box's own
+        offsets = tuple(o + i for o, i in zip(box.offsets[:last], index, strict=True)) + box.offsets[last:]
         out.append(Box(offsets, (1,) * last + box.sizes[last:]))
     return out
 
@@ -118,7 +119,7 @@ def range_pieces(
     range where the piece spans whole trailing dims of the member (every split and dim-0 fusion).
     """
     a, b = member_range
-    shift = tuple(t - m for t, m in zip(target.offsets, member.offsets))
+    shift = tuple(t - m for t, m in zip(target.offsets, member.offsets, strict=True))
     out = []
     for _, box in flat_to_boxes(FlatRange(a, b), member_shape):
         x = box.intersect(member) if box.ndim else box

@@ -78,7 +78,7 @@ def local_geometry(rule: TensorRule, ctx: Context, env: Env, names: list[str], s
         if d == fuse_dim:
             groups = _groups(rule, env, ctx, parts)
             units = []
-            for name, shape in zip(names, shapes):
+            for name, shape in zip(names, shapes, strict=True):
                 if groups <= 0 or shape[d] % groups:
                     raise UclError(
                         f"{ctx.program.where(rule.line)}: {name!r} has {shape[d]} elements along dim {d}, "
@@ -187,7 +187,9 @@ def check_declared(rule: TensorRule, ctx: Context, env: Env, names: list[str], s
 
     Catches a model parameter given the wrong value (``heads``, ``vocab_size``) before any byte moves.
     """
-    for name, shape, exprs, dims in zip(names, shapes, rule.declared_shapes, declared_shapes(rule, ctx, env)):
+    for name, shape, exprs, dims in zip(
+        names, shapes, rule.declared_shapes, declared_shapes(rule, ctx, env), strict=True
+    ):
         if dims is not None and tuple(shape) != dims:
             raise DeclaredShapeError(
                 f"{ctx.program.where(rule.line)}: logical tensor {name!r} has shape {tuple(shape)}, but the program "
@@ -197,7 +199,7 @@ def check_declared(rule: TensorRule, ctx: Context, env: Env, names: list[str], s
         return
     for d, e in rule.sizes:
         want = e.eval_int(env, ctx.functions())
-        for name, shape in zip(names, shapes):
+        for name, shape in zip(names, shapes, strict=True):
             if d < len(shape) and shape[d] != want:
                 raise DeclaredShapeError(
                     f"{ctx.program.where(rule.line)}: logical tensor {name!r} has {shape[d]} elements along dim {d}, "

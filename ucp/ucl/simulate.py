@@ -71,7 +71,7 @@ def gather(fmaps: Sequence[BoundFragmentMap], locals_: Sequence[dict[str, torch.
     out = {n: torch.zeros(lt.shape, dtype=_DTYPES.get(lt.dtype, torch.float32)) for n, lt in shapes.items()}
     count = {n: torch.zeros(lt.shape, dtype=torch.int32) for n, lt in shapes.items()}
     replicas: list[tuple] = []
-    for fmap, tensors in zip(fmaps, locals_):
+    for fmap, tensors in zip(fmaps, locals_, strict=True):
         for key, spec in fmap.tensors.items():
             for piece in spec.pieces:
                 src, dst = _views(tensors[key], out[piece.logical], piece)

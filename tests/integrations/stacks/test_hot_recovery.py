@@ -60,3 +60,51 @@ def test_a_hung_rank_is_found_by_the_heartbeat_watchdog_within_its_timeout(tmp_p
     report = run_hot(plan, tmp_path / "run", timeout_s=300)
     _check(report, 6)
     assert 3.0 <= report.detect_s < 30.0 and report.layout_after == "tp=2,zero=1"
+
+
+@pytest.mark.slow
+def test_the_native_stack_reshards_fsdp2_and_tp_shards_from_memory_under_a_smaller_layout(tmp_path):
+    # FSDP2 over dp=2 with DTensor tp=2 loses a rank: the planner keeps tp=2 (each survivor's tensor-
+    # parallel shards stay where they are) and shrinks dp; the process left over hands the arrays
+    # only it holds to a training rank and waits as a spare. A survivor blocked in a collective with
+    # live peers that already left is released by its beat thread (collective_release), not by a timeout
+    plan = HotPlan(layout="tp=2,dp=2", stack="native", steps=6, kill_uid=1)
+    report = run_hot(plan, tmp_path / "run", timeout_s=300)
+    _check(report, 6)
+    assert report.layout_after == "tp=2"
+    assert report.why == "kept tp=2, pp=1, cp=1; dp 2 -> 1: 2 of 3 processes active, 1 idle as a spare"
+    assert report.resumed_position == 3 * TrainSettings().global_batch
+    assert report.elements["storage"] == 0 and report.elements["own"] > 0 and report.elements["peer"] > 0
+
+
+@pytest.mark.slow
+def test_a_snapshot_every_two_steps_bounds_the_lost_work_and_a_spare_takes_the_lost_place(tmp_path):
+    # a checkpoint every 6 steps, an in-memory snapshot every 2: a failure after step 5 costs one step,
+    # not five. The spare takes the lost rank's place (same layout) and fills it from peers' memory.
+    # The state before the kill is the uninterrupted run's, so the step-4 snapshot it is compared with
+    # bit for bit is that run's step-4 state.
+    plan = HotPlan(layout="tp=2,dp=2", stack="native", steps=7, save_every=6, snapshot_every=2, kill_after_step=5,
+                   kill_uid=1, spares=1)
+    events: list[dict] = []
+    report = run_hot(plan, tmp_path / "run", on_event=events.append, timeout_s=300)
+    assert report.bitwise, (report.verified_tensors, report.mismatches[:5], report.rng_ok)
+    assert (report.killed_at_step, report.resumed_from, report.lost_steps) == (5, 4, 1)
+    assert "ucp-snapshots-" in report.resumed_path and report.resumed_path.endswith("step_00000004")
+    assert report.layout_after == "tp=2,dp=2" and report.elements["storage"] == 0
+    assert [(e["step"], e["snapshot"]) for e in events if e["kind"] == "saved"] == [
+        (2, True), (4, True), (6, False)]
+    reference = reference_run("", TrainSettings(), 7)
+    assert sorted(report.losses) == list(range(1, 8))
+    for step, loss in report.losses.items():
+        assert abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4, (step, loss, reference[step - 1])
+
+
+@pytest.mark.slow
+def test_a_deepspeed_zero_engine_is_built_again_in_process_and_filled_from_memory(tmp_path):
+    # dp=3 with ZeRO-1 loses a rank; the survivors release DeepSpeed's cached groups, build a dp=2
+    # engine in the same processes and fill its flat partitions from their own and each other's memory
+    plan = HotPlan(layout="dp=3,zero=1", stack="deepspeed", steps=6, kill_uid=2)
+    report = run_hot(plan, tmp_path / "run", timeout_s=300)
+    _check(report, 6)
+    assert report.layout_after == "dp=2,zero=1"
+    assert report.elements["storage"] == 0 and report.elements["own"] > 0 and report.elements["peer"] > 0

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["header", "masking", "detect", "discover", "inputs", "readers", "scan"]
+MODULES = ["header", "masking", "detect", "discover", "inputs", "readers", "scan", "fitted", "stamps"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -190,3 +190,19 @@ def test_a_hostile_optimizer_file_is_refused_and_nothing_runs(tmp_path):
 def test_not_a_deepspeed_folder(tmp_path):
     with pytest.raises(FormatError, match="holds no \\*_optim_states.pt: not a DeepSpeed ZeRO checkpoint"):
         get_format("deepspeed-zero").open_reader(tmp_path)
+
+
+@pytest.mark.parametrize("pads", [[0], ["4", 0], [0, -1], 7])
+def test_group_paddings_that_do_not_fit_the_groups_are_refused(tmp_path, pads):
+    """Before: a short list raised a raw IndexError deep in the partition geometry, a string a TypeError."""
+    root = _copy(tmp_path)
+    target = root / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    state = torch.load(target, weights_only=False)
+    groups = len(state["optimizer_state_dict"]["single_partition_of_fp32_groups"])
+    assert groups == 2
+    state["optimizer_state_dict"]["group_paddings"] = pads
+    torch.save(state, target)
+    with pytest.raises(FormatError) as err:
+        get_format("deepspeed-zero").open_reader(root)
+    assert str(err.value) == (f"{target}: group_paddings must list one non-negative element count per param "
+                              f"group (2), found {str(pads)}")

@@ -92,8 +92,8 @@ class ZeroOptimizerFiles:
                 f"{len(self.groups)} param groups"
             )
         paddings = osd.get("param_alignment_paddings") or [[0] * len(g) for g in self.groups]
-        self._paddings = osd.get("group_paddings") or [0] * len(self.groups)
-        self._sizes = [t.numel() + pad for t, pad in zip(fp32, self._paddings)]
+        self._paddings = self._group_paddings(0)
+        self._sizes = [t.numel() + pad for t, pad in zip(fp32, self._paddings, strict=True)]
         try:
             self.fragments = zero12_fragments(self.groups, paddings, dp=self.dp, partition_sizes=self._sizes)
         except ValueError as err:
@@ -154,10 +154,24 @@ class ZeroOptimizerFiles:
             )
         return tensor
 
+    def _group_paddings(self, rank: int) -> list[int]:
+        """The rank's ``group_paddings``: one count of padding elements per param group (none: zeros)."""
+        pads = self._open[rank].get("group_paddings") or [0] * len(self.groups)
+        if (
+            not isinstance(pads, (list, tuple))
+            or len(pads) != len(self.groups)
+            or not all(type(p) is int and p >= 0 for p in pads)
+        ):
+            raise FormatError(
+                f"{self.files[rank]}: group_paddings must list one non-negative element count per param "
+                f"group ({len(self.groups)}), found {str(pads)[:80]}"
+            )
+        return list(pads)
+
     def _check_rank(self, rank: int) -> None:
         osd = self._open[rank]
         if self.stage <= 2:
-            pads = osd.get("group_paddings") or [0] * len(self.groups)
+            pads = self._group_paddings(rank)
             for g, flat in enumerate(self._flat_list(rank, FP32)):
                 if flat.numel() + pads[g] != self._sizes[g]:
                     raise FormatError(

@@ -87,7 +87,7 @@ class DeepSpeedPipelineReader(DeepSpeedZeroReader):
             if not isinstance(state, dict):
                 raise FormatError(f"{path} is not a layer state dict")
             keys = list(state)
-            for name, key in zip(layer_names(index, keys, known), keys):
+            for name, key in zip(layer_names(index, keys, known), keys, strict=True):
                 tensor = state[key]
                 if name in seen:  # a tied module saved by another layer too: the first copy
                     if seen[name] != tuple(tensor.shape):

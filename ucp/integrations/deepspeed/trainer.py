@@ -12,6 +12,11 @@ and checkpoints of the other stacks (same logical names) load too.
     loss = trainer.train_step()
     trainer.save("ckpt/step_1")
 
+``TrainSettings(precision="bf16")`` turns on DeepSpeed's ``bf16: {enabled: true}``: the
+engine holds bf16 parameters (ZeRO-3: bf16 partitions) and its ZeRO optimizer the fp32
+master partitions, saved as ``<name>`` (bfloat16) and ``<name>/fp32``; gradients are
+reduced in fp32 (``communication_data_type``), as the other stacks reduce them.
+
 DeepSpeed is an optional extra (``pip install 'ucp-middleware[deepspeed]'``);
 without a GPU it runs on its CPU accelerator over gloo.
 """
@@ -83,6 +88,8 @@ class DeepSpeedTrainer(CheckpointSaving):
             "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
             "checkpoint": {"load_universal": universal},  # DeepSpeed's own resharding path (native.py)
         }
+        if settings.mixed:
+            config |= {"bf16": {"enabled": True}, "communication_data_type": "fp32"}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=make_adam(model.parameters(), settings), config=config)
         self.params = dict(self.engine.module.named_parameters())
@@ -138,13 +145,16 @@ class DeepSpeedTrainer(CheckpointSaving):
         states = ("fp32", *STATES)
         optim = {s: {"group0": master.detach() if s == "fp32" else self._adam.state[master][s]} for s in states}
         state = {"module": module, "optim": optim, **self.progress.to_tree(rank=self.rank, run=self.run_info())}
-        logical = {n: LogicalTensor(n, shape, "float32") for n, shape in self.shapes.items()}
+        dtype = str(self.settings.param_dtype).replace("torch.", "")
+        logical = {n: LogicalTensor(n, shape, dtype) for n, shape in self.shapes.items()}
         return state, {"program": self.program(states), "layout": self.layout,
                        "process_group": dist.group.WORLD, "logical": logical}
 
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's partitions; returns its progress."""
-        has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank)
+        # ZeRO keeps fp32 masters apart in every precision: from an fp32 run's parameters if need be
+        _, fmap, into = plan_program_load(path, self.program, self.layout, self.rank, masters=True,
+                                          params_are_masters=not self.settings.mixed)
         tree = ucp.load(path, into=into, spec=fmap)
         with torch.no_grad():
             if self.layout.zero == 3:
@@ -153,10 +163,7 @@ class DeepSpeedTrainer(CheckpointSaving):
                 for name, param in self.params.items():
                     param.copy_(into[f"module/{name}"])
             (master,) = self._masters()
-            if has_masters:
-                master.copy_(into["optim/fp32/group0"])
-            else:  # fp32 training elsewhere: the parameters are the masters
-                self.optimizer.refresh_fp32_params()
+            master.copy_(into["optim/fp32/group0"])
             for s in STATES:
                 self._adam.state[master][s].copy_(into[f"optim/{s}/group0"])
         self.progress = Progress.from_tree(tree)

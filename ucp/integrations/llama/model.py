@@ -69,6 +69,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate ``x`` ``[batch, seq, heads, head_dim]`` by the tables of its positions."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 activations stay bf16
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
 

@@ -12,6 +12,11 @@ Megatron does); experts over the expert-data-parallel group.
 Gradients are summed in float64: the result (rounded to fp32 once) does not depend
 on how many ranks contributed or in what order, which keeps runs under different
 layouts within rounding of each other.
+
+Mixed precision (bf16 parameters): both optimisers keep fp32 masters apart from the
+parameters, as Megatron does (its masters start as copies of the bf16 parameters;
+gradients are reduced in fp32 or better, here float64, and never rounded to bf16
+in between); after each step the parameters are the masters rounded to bf16.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ __all__ = ["ReplicatedAdam", "DistributedAdam"]
 
 
 def _sum_grads(grad: torch.Tensor, group) -> torch.Tensor:
+    """The gradient summed over ``group``, as float32 (the masters' dtype) whatever ``grad``'s dtype."""
     total = grad.double()
     if group is not None:
         dist.all_reduce(total, group=group)
-    return total.to(grad.dtype)
+    return total.float()
 
 
 def _fresh_state(adam: torch.optim.Adam) -> None:
@@ -41,21 +47,32 @@ def _fresh_state(adam: torch.optim.Adam) -> None:
 class ReplicatedAdam:
     """zero=0: gradients summed over ``reduce_group``, Adam state beside each parameter.
 
-    ``params``: local key -> parameter."""
+    ``params``: local key -> parameter. Parameters below fp32 get an fp32 master each, which
+    Adam steps instead (Megatron's Float16OptimizerWithFloat16Params)."""
 
     def __init__(self, params: dict[str, nn.Parameter], settings: TrainSettings, *, reduce_group) -> None:
         self.keys, self.params, self.group = list(params), list(params.values()), reduce_group
-        self.adam = make_adam(self.params, settings)
+        with torch.no_grad():
+            self.masters = [p if p.dtype == torch.float32 else nn.Parameter(p.detach().float()) for p in self.params]
+        self.adam = make_adam(self.masters, settings)
         _fresh_state(self.adam)
 
     def step(self) -> None:
-        for p in self.params:
-            p.grad = _sum_grads(p.grad if p.grad is not None else torch.zeros_like(p), self.group)
+        for p, master in zip(self.params, self.masters):
+            grad = _sum_grads(p.grad if p.grad is not None else torch.zeros_like(p), self.group)
+            p.grad = None  # the bf16 gradient is consumed (in fp32, master is p: set again below)
+            master.grad = grad
         self.adam.step()
         self.adam.zero_grad()
+        with torch.no_grad():
+            for p, master in zip(self.params, self.masters):
+                if master is not p:
+                    p.copy_(master)
 
     def state_of(self, param: nn.Parameter, name: str) -> torch.Tensor:
-        return self.adam.state[param][name]
+        """``fp32`` (the master), ``exp_avg`` or ``exp_avg_sq`` of ``param``."""
+        master = self.masters[next(i for i, p in enumerate(self.params) if p is param)]
+        return master.data if name == "fp32" else self.adam.state[master][name]
 
     def set_step(self, step: int) -> None:
         for state in self.adam.state.values():
@@ -86,8 +103,9 @@ class DistributedAdam:
         return torch.cat([flat, flat.new_zeros(self.padded - flat.numel())])
 
     def step(self) -> None:
-        grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        self.master.grad = _sum_grads(grads, self.reduce_group)[self.lo : self.lo + self.chunk].float()
+        grads = self._flat([p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                            for p in self.params])
+        self.master.grad = _sum_grads(grads, self.reduce_group)[self.lo : self.lo + self.chunk]
         self.adam.step()
         self.adam.zero_grad()
         for p in self.params:
@@ -108,10 +126,14 @@ class DistributedAdam:
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
-    def refresh_master(self) -> None:
-        """Masters from the parameters (after loading parameters without separate masters)."""
+    def refresh_master(self, tensors: list[torch.Tensor] | None = None) -> None:
+        """Masters from fp32 ``tensors`` (one per parameter, in buffer order; default: the parameters),
+        after loading a checkpoint of an fp32 run, whose parameters are its masters."""
+        tensors = [p.detach() for p in self.params] if tensors is None else tensors
+        if any(t.dtype != torch.float32 for t in tensors):
+            raise AssertionError("masters come from fp32 tensors only (check_masters refuses the rest)")
         with torch.no_grad():
-            self.master.copy_(self._flat([p.detach().float() for p in self.params])[self.lo : self.lo + self.chunk])
+            self.master.copy_(self._flat(list(tensors))[self.lo : self.lo + self.chunk])
 
     def state(self, name: str) -> torch.Tensor:
         """This rank's part: ``fp32`` (masters), ``exp_avg`` or ``exp_avg_sq``."""

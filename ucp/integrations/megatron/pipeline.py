@@ -22,11 +22,12 @@ __all__ = ["run_gpipe"]
 
 
 def run_gpipe(stage: torch.nn.Module, groups: ParallelGroups, inputs: list[torch.Tensor], targets: list[torch.Tensor],
-              loss_fn: Callable, *, hidden: int) -> torch.Tensor:
+              loss_fn: Callable, *, hidden: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Forward and backward of every micro-batch; returns the summed loss (zero off the last stage).
 
     ``inputs``/``targets`` are the micro-batches' token ids (every stage gets them, for
-    the shapes; only the first stage reads the inputs and the last the targets).
+    the shapes; only the first stage reads the inputs and the last the targets); ``dtype``: the
+    activations' (the model's parameter dtype).
     """
     first, last = groups.prev_rank is None, groups.next_rank is None
     saved = []
@@ -35,7 +36,7 @@ def run_gpipe(stage: torch.nn.Module, groups: ParallelGroups, inputs: list[torch
         if first:
             x = tokens
         else:
-            x = torch.empty((*tokens.shape, hidden))
+            x = torch.empty((*tokens.shape, hidden), dtype=dtype)
             dist.recv(x, src=groups.prev_rank)
             x.requires_grad_(True)
         y = stage(x)

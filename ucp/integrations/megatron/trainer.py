@@ -6,6 +6,11 @@ mapped by the megatron-gpt UCL preset: ``ucp.save(..., program=megatron-gpt:...,
 layout=...)``, and loads compile the same preset for the new layout, so each rank
 reads only the bytes of its shards, from a checkpoint of any layout or stack.
 
+``TrainSettings(precision="bf16")``: the model holds bf16 parameters (and gets bf16
+gradients); the optimizers keep fp32 masters (zero=0: one per parameter; the
+distributed optimizer: this rank's part of the flat buffer), saved as
+``optim/fp32/...`` -> ``<name>/fp32`` beside the bf16 ``model/...`` -> ``<name>``.
+
     trainer = MegatronTrainer(LlamaConfig(num_experts=4), "tp=2,dp=4,ep=2,zero=1", TrainSettings(), rank=rank)
     loss = trainer.train_step()
     trainer.save("ckpt/step_1")
@@ -29,8 +34,8 @@ from ucp.integrations.megatron.model import GPTStage
 from ucp.integrations.megatron.optimizer import DistributedAdam, ReplicatedAdam
 from ucp.integrations.megatron.pipeline import run_gpipe
 from ucp.integrations.megatron.sharding import local_shards, pieces_of, shards_from_logical
-from ucp.integrations.stacks.common import (CheckpointSaving, plan_program_load, STATES, Progress, TrainSettings, assemble, gather_to_rank0, global_loss,
-                                        global_tokens)
+from ucp.integrations.stacks.common import (STATES, CheckpointSaving, MissingMastersError, Progress, TrainSettings,
+                                            assemble, gather_to_rank0, global_loss, global_tokens, plan_program_load)
 from ucp.errors import LayoutError
 from ucp.layout import Layout
 
@@ -80,6 +85,8 @@ class MegatronTrainer(CheckpointSaving):
             else:  # a checkpoint is loaded next; padding stays zero
                 for param in self.params.values():
                     param.zero_()
+        # Megatron's Float16Module: the model computes in bf16; the optimizers' masters start as its copies
+        self.stage.to(settings.param_dtype)
         self.optimizers = self._optimizers()
 
     @staticmethod
@@ -144,7 +151,7 @@ class MegatronTrainer(CheckpointSaving):
                 local += loss.detach().double()
         else:
             local = run_gpipe(self.stage, self.groups, list(micro_in), list(micro_tg), self._loss,
-                              hidden=self.cfg.hidden)
+                              hidden=self.cfg.hidden, dtype=self.settings.param_dtype)
         for optimizer in self.optimizers.values():
             optimizer.step()
         self.progress = Progress(self.progress.step + 1, self.progress.position + self.settings.global_batch)
@@ -156,7 +163,8 @@ class MegatronTrainer(CheckpointSaving):
         return megatron_program(self.cfg, states)
 
     def _states(self) -> tuple[str, ...]:
-        return STATES if self.layout.zero == 0 else ("fp32", *STATES)
+        separate = self.layout.zero > 0 or self.settings.mixed  # fp32 masters apart from the parameters
+        return ("fp32", *STATES) if separate else STATES
 
     def run_info(self) -> dict:
         return {"stack": self.stack, "layout": str(self.layout), "model": str(self.cfg),
@@ -179,28 +187,42 @@ class MegatronTrainer(CheckpointSaving):
 
     def load(self, path: str) -> Progress:
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""
-        has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank)
+        has_masters, fmap, into = plan_program_load(path, self.program, self.layout, self.rank,
+                                                    masters="fp32" in self._states())
         tree = ucp.load(path, into=into, spec=fmap)
         return self.load_tensors(into, tree, has_masters=has_masters)
 
     def load_tensors(self, into: dict[str, torch.Tensor], tree: dict, *, has_masters: bool) -> Progress:
         """Take loaded local tensors (keys of this rank's load map) and the saved JSON tree as this
         rank's state: what :meth:`load` does after reading, also used by a load from peers' memory."""
+        mixed = self.settings.mixed
+        if not has_masters:  # the checkpoint's parameters are its masters: they must be fp32
+            low = sorted(k for k in into if k.startswith("model/") and into[k].dtype != torch.float32)
+            if low:
+                raise MissingMastersError(
+                    f"the checkpoint holds {low[0]!r} as {str(into[low[0]].dtype).replace('torch.', '')} and no fp32 "
+                    f"masters ({len(low)} tensor(s) like it): rebuilding fp32 masters from them would lose precision")
         with torch.no_grad():
             for key, param in self.params.items():
                 master = into.get(f"optim/fp32/model/{key}")  # zero=0 target, masters in the checkpoint
-                param.copy_(master if master is not None else into[f"model/{key}"])
+                # mixed: the checkpoint's bf16 parameter (or its fp32 one, rounded as master.to(bf16) rounds)
+                param.copy_(master if master is not None and not mixed else into[f"model/{key}"])
         for kind, opt in self.optimizers.items():
             if self.layout.zero == 0:
                 for key in opt.keys:
-                    for s in STATES:
-                        if f"optim/{s}/model/{key}" in into:
-                            opt.state_of(self.params[key], s).copy_(into[f"optim/{s}/model/{key}"])
+                    for s in self._states():
+                        source = into.get(f"optim/{s}/model/{key}")
+                        if s == "fp32" and source is None:  # an fp32 run's parameters are its masters
+                            source = into[f"model/{key}"]
+                        if source is not None:
+                            opt.state_of(self.params[key], s).copy_(source)
             else:
                 if has_masters:
                     opt.state("fp32").copy_(into[f"optim/fp32/{kind}"])
+                    if not mixed:  # fp32 parameters are the masters (the checkpoint's may be bf16)
+                        opt.copy_to_params()
                 else:
-                    opt.refresh_master()
+                    opt.refresh_master([into[f"model/{k}"] for k in opt.keys])
                 for s in STATES:
                     if f"optim/{s}/{kind}" in into:
                         opt.state(s).copy_(into[f"optim/{s}/{kind}"])
@@ -239,4 +261,5 @@ class MegatronTrainer(CheckpointSaving):
         merged = [p for part in everyone for p in part]
         shapes = logical_shapes(self.cfg)
         names = {name for name, _, _ in merged}
-        return assemble(merged, {n: (shapes[n.split("/")[0]], torch.float32) for n in names})
+        dtype = self.settings.param_dtype  # of the parameters; masters and moments are fp32
+        return assemble(merged, {n: (shapes[n.split("/")[0]], torch.float32 if "/" in n else dtype) for n in names})

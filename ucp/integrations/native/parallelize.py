@@ -81,16 +81,19 @@ def apply_tensor_parallel(model: LlamaModel, tp_mesh: DeviceMesh) -> None:
     parallelize_module(model, tp_mesh, tensor_parallel_plan(model))
 
 
-def apply_fsdp(model: LlamaModel, dp_mesh: DeviceMesh, *, pipelined: bool) -> None:
+def apply_fsdp(model: LlamaModel, dp_mesh: DeviceMesh, *, pipelined: bool,
+               param_dtype: torch.dtype = torch.float32) -> None:
     """FSDP2 over ``dp_mesh``: each decoder layer its own unit, then the root.
 
     Gradients are reduced in float64 and summed, not averaged: every rank already
     divides its loss by the global token count, so the sum is the global mean's
     gradient whatever the dp size, and the float64 sum does not depend on the
     order ranks are added in (the fp32 result is the same for any dp).
-    With pipelining the parameters stay gathered between micro-batches.
+    With pipelining the parameters stay gathered between micro-batches. ``param_dtype`` below
+    fp32 is FSDP2's mixed precision: the sharded fp32 parameters are cast to it for compute.
     """
-    policy = MixedPrecisionPolicy(reduce_dtype=torch.float64)
+    compute = None if param_dtype == torch.float32 else param_dtype
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float64)
     units = [*model.decoder.layers.values(), model]
     for unit in units:
         fully_shard(unit, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=not pipelined)

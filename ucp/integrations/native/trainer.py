@@ -5,6 +5,14 @@ Checkpoints go through ucp with a fragment map built from each local shard's
 place in its logical tensor (DTensor's own chunk metadata), so a checkpoint saved
 here loads under any layout of any stack, and this stack loads theirs.
 
+``TrainSettings(precision="bf16")`` is FSDP2's mixed precision: the sharded parameters
+stay fp32 and are the masters (Adam steps them), ``MixedPrecisionPolicy(param_dtype=
+bfloat16)`` casts them to bf16 for compute, gradients are reduced in float64 (fp32 or
+better). FSDP2 is applied even when dp x cp is 1, so every layout computes the same way.
+A checkpoint holds the masters as ``<name>/fp32`` and, as ``<name>``, the bf16
+parameters FSDP2 computes with (derived: ``master.to(bfloat16)``; a load reads the
+masters only).
+
     trainer = NativeTrainer(LlamaConfig(), "tp=2,pp=2,dp=2", TrainSettings(), rank=dist.get_rank())
     for _ in range(10):
         loss = trainer.train_step()
@@ -25,8 +33,9 @@ from ucp.integrations.llama.data import SyntheticCorpus, local_batch
 from ucp.integrations.llama.context_parallel import context_parallel_attention
 from ucp.integrations.llama.model import build_model, keep_stage, token_loss_sum
 from ucp.integrations.native.parallelize import apply_fsdp, apply_tensor_parallel, build_mesh, cp_group
-from ucp.integrations.stacks.common import (CheckpointSaving, STATES, Progress, TrainSettings, fresh_adam_state, gather_to_rank0, global_loss,
-                                        global_tokens, make_adam, master_name)
+from ucp.integrations.stacks.common import (STATES, CheckpointSaving, Progress, TrainSettings, check_masters,
+                                            fresh_adam_state, gather_to_rank0, global_loss, global_tokens, make_adam,
+                                            master_name)
 from ucp.integrations.stacks.fragments import box_fragment_map, dtensor_box
 from ucp.errors import LayoutError
 from ucp.geometry import Box, split_evenly
@@ -79,6 +88,10 @@ class NativeTrainer(CheckpointSaving):
         self.last = self.coords.pp == layout.pp - 1
 
         model = build_model(cfg, init=init)  # every rank the same logical weights, then its shard
+        if settings.mixed:  # the masters start as the bf16 parameters, as on every stack
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.copy_(param.to(settings.param_dtype))
         if layout.pp > 1:
             keep_stage(model, self.coords.pp, layout.pp)
         if layout.cp > 1:
@@ -87,8 +100,8 @@ class NativeTrainer(CheckpointSaving):
             model.attend = context_parallel_attention(cp_group(layout, rank), q_offset=offset)
         if layout.tp > 1:
             apply_tensor_parallel(model, self.mesh["tp"])
-        if layout.dp * layout.cp > 1:
-            apply_fsdp(model, self.mesh["dp_cp"], pipelined=layout.pp > 1)
+        if layout.dp * layout.cp > 1 or settings.mixed:
+            apply_fsdp(model, self.mesh["dp_cp"], pipelined=layout.pp > 1, param_dtype=settings.param_dtype)
         self.model = model
         self.optimizer = make_adam(model.parameters(), settings)
         self._init_optimizer_state()
@@ -136,16 +149,26 @@ class NativeTrainer(CheckpointSaving):
         return global_loss(local if self.last and self.coords.tp == 0 else None)
 
     # ------------------------------------------------------------------ checkpoints
-    def _entries(self):
-        """(key, logical name, parameter, local tensor) for everything saved; empty shards left out."""
+    def _entries(self, *, saving: bool = True):
+        """(key, logical name, box, local tensor, master of) for everything saved; empty shards left out.
+
+        ``master of`` names the parameter whose fp32 master the entry is (None for the rest). In
+        bf16 mode the sharded fp32 parameter is the master; the bf16 parameter is derived from it
+        and only saved (``saving=False`` leaves it out)."""
+        mixed = self.settings.mixed
         for name, param in self.model.named_parameters():
             box = dtensor_box(param)
             if not box.numel:
                 continue
-            yield f"model/{name}", name, box, _local(param)
+            if not mixed:
+                yield f"model/{name}", name, box, _local(param), name
+            else:
+                if saving:
+                    yield f"model/{name}", name, box, _local(param).to(self.settings.param_dtype), None
+                yield f"optim/fp32/{name}", f"{name}/fp32", box, _local(param), name
             state = self.optimizer.state[param]
             for s in STATES:
-                yield f"optim/{s}/{name}", f"{name}/{s}", box, _local(state[s])
+                yield f"optim/{s}/{name}", f"{name}/{s}", box, _local(state[s]), None
 
     def run_info(self) -> dict:
         return {"stack": self.stack, "layout": str(self.layout), "model": str(self.cfg),
@@ -153,9 +176,10 @@ class NativeTrainer(CheckpointSaving):
 
     def checkpoint_state(self) -> tuple[dict, dict]:
         """``(state, options)`` for ``ucp.save(state, path, **options)`` (or a CheckpointManager)."""
-        state: dict = {"model": {}, "optim": {s: {} for s in STATES}}
+        states = ("fp32", *STATES) if self.settings.mixed else STATES
+        state: dict = {"model": {}, "optim": {s: {} for s in states}}
         local, logical = {}, {}
-        for key, name, box, tensor in self._entries():
+        for key, name, box, tensor, _ in self._entries():
             kind, _, rest = key.partition("/")
             if kind == "model":
                 state["model"][rest] = tensor
@@ -163,8 +187,10 @@ class NativeTrainer(CheckpointSaving):
                 s, _, pname = rest.partition("/")
                 state["optim"][s][pname] = tensor
             local[key] = (name, box)
+        dtype = str(self.settings.param_dtype).replace("torch.", "")
         for name, param in self.model.named_parameters():
-            for logical_name in (name, *(f"{name}/{s}" for s in STATES)):
+            logical[name] = LogicalTensor(name, tuple(param.shape), dtype)
+            for logical_name in (f"{name}/{s}" for s in states):
                 logical[logical_name] = LogicalTensor(logical_name, tuple(param.shape), "float32")
         if self._fmap is None:  # the layout never changes during a run: one metadata all-gather
             self._fmap = box_fragment_map(local, logical)
@@ -175,10 +201,11 @@ class NativeTrainer(CheckpointSaving):
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""
         with CheckpointReader(path) as reader:
             logical = reader.logical()
+        check_masters(path, logical, [name for name, _ in self.model.named_parameters()])
         into: dict = {}
         specs = {}
-        for key, name, box, tensor in self._entries():
-            source = master_name(name, logical) if key.startswith("model/") else name
+        for key, name, box, tensor, master_of in self._entries(saving=False):
+            source = master_name(master_of, logical) if master_of else name
             into[key] = tensor
             specs[key] = TensorSpec(key, (ShardPiece(source, Box((0,) * box.ndim, box.sizes), box),))
         used = {p.logical for spec in specs.values() for p in spec.pieces}
@@ -191,7 +218,7 @@ class NativeTrainer(CheckpointSaving):
         return self.progress
 
     def logical_snapshot(self) -> dict[str, torch.Tensor] | None:
-        """Every logical tensor this run holds (parameters and Adam moments), whole, on rank 0."""
+        """Every logical tensor this run holds (parameters, bf16 mode's masters, Adam moments), whole, on rank 0."""
         mine = {}
         leader = self.coords.tp == 0 and self.coords.dp == 0 and self.coords.cp == 0
         for name, param in self.model.named_parameters():
@@ -200,6 +227,8 @@ class NativeTrainer(CheckpointSaving):
                 full = _full(tensor)
                 if leader:
                     mine[logical_name] = full.clone()
+                    if self.settings.mixed and logical_name == name:
+                        mine[f"{name}/fp32"], mine[name] = full.clone(), full.to(self.settings.param_dtype)
         everyone = gather_to_rank0(mine)
         if everyone is None:
             return None

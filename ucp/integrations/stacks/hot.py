@@ -1,13 +1,14 @@
 """Hot recovery, timed: a rank is SIGKILLed and the survivors go on without restarting.
 
-:func:`run_hot` runs the Megatron-style stack (TP/PP/DP, the distributed optimizer) under
-an :class:`~ucp.integrations.elastic.ElasticAgent`. Every ``save_every`` steps the ranks save a
+:func:`run_hot` runs the Megatron-style stack (TP/PP/DP, the distributed optimizer), the
+torch-native one (FSDP2 + DTensor TP) or DeepSpeed ZeRO under an :class:`~ucp.integrations.elastic.ElasticAgent`. Every ``save_every`` steps the ranks save a
 universal checkpoint and replicate its arrays into peers' memory
 (:class:`~ucp.replication.replicas.ReplicaManager`: each rank keeps its own arrays and one
 peer holds a copy). After step ``kill_after_step`` (a checkpoint committed) one process
 is SIGKILLed. The survivors' next collective fails; the agent publishes a new generation
 with the layout its planner chose; the survivors (and spares) re-form the process group
-in-process, compute the new layout's fragment maps from the same UCL program, and fill
+in-process, compute the new layout's fragment maps (the UCL program's, or the rebuilt
+model's DTensor boxes: :mod:`~ucp.integrations.stacks.hot_stacks`), and fill
 them from memory (:func:`ucp.replication.hot_reshard.reshard_from_memory`: own arrays, then
 peers', storage only for what nobody holds). Training goes on from the checkpoint's step.
 
@@ -30,10 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ucp.integrations.elastic import ElasticAgent, ElasticContext, RendezvousTimeout
-from ucp.integrations.stacks.common import STATES, TrainSettings
-from ucp.layout import Layout
+from ucp.integrations.stacks.common import TrainSettings
 
-__all__ = ["HotPlan", "HotReport", "run_hot", "hot_worker"]
+__all__ = ["HotPlan", "HotReport", "HeldMemory", "run_hot", "hot_worker"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,12 @@ class HotPlan:
     """What runs, where it fails, and the faults injected while it recovers."""
 
     layout: str
+    stack: str = "megatron"  # "native" (FSDP2 + DTensor TP), "deepspeed" (ZeRO); see stacks/hot_stacks.py
     model: str = ""
     settings: TrainSettings = field(default_factory=TrainSettings)
     steps: int = 8
     save_every: int = 3
+    snapshot_every: int | None = None   # in-memory snapshots (ucp.integrations.snapshots) between the saves
     kill_after_step: int = 4
     kill_uid: int = 1
     spares: int = 0
@@ -60,9 +62,14 @@ class HotPlan:
     hang: bool = False        # SIGSTOP instead of SIGKILL: the agent's heartbeat watchdog must find it
 
     def __post_init__(self) -> None:
-        if not self.save_every <= self.kill_after_step < self.steps:
-            raise ValueError(f"kill_after_step ({self.kill_after_step}) must be at least save_every "
-                             f"({self.save_every}) and below steps ({self.steps})")
+        from ucp.integrations.stacks.hot_stacks import HOT_STACKS
+
+        if self.stack not in HOT_STACKS:
+            raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {self.stack!r}")
+        first = min(self.save_every, self.snapshot_every or self.save_every)
+        if not first <= self.kill_after_step < self.steps:
+            raise ValueError(f"kill_after_step ({self.kill_after_step}) must be at least save_every or "
+                             f"snapshot_every ({first}) and below steps ({self.steps})")
 
 
 @dataclass
@@ -71,6 +78,9 @@ class HotReport:
     losses: dict[int, float] = field(default_factory=dict)
     killed_at_step: int = 0
     resumed_from: int = 0
+    resumed_position: int = 0  # the data position (samples) the training ranks went on from
+    resumed_path: str = ""     # the checkpoint or snapshot the survivors resharded
+    handed_bytes: int = 0      # arrays idle processes handed to training ranks before leaving (native)
     layout_after: str = ""
     why: str = ""
     generations: int = 0
@@ -96,54 +106,6 @@ class HotReport:
 
 
 # --------------------------------------------------------------------------- one rank
-
-
-def _recover(ctx: ElasticContext, plan: HotPlan, tiers) -> Any:
-    """Fill this rank's state under the new layout from memory; None for a rank left idle."""
-    import torch
-    import torch.distributed as dist
-
-    from ucp import ucl
-    from ucp.integrations.llama.config import LlamaConfig
-    from ucp.integrations.megatron.trainer import megatron_program
-    from ucp.integrations.stacks.jobs import build_trainer
-    from ucp.replication.hot_reshard import reshard_from_memory
-    from ucp.spec import FragmentMap
-
-    m = ctx.membership
-    cfg = LlamaConfig.parse(plan.model)
-    masters: list[bool] = []
-
-    def make_target(logical: dict):
-        if not m.training:
-            return FragmentMap(rank=m.rank, logical={}), {}
-        masters.append(any(name.endswith("/fp32") for name in logical))
-        states = ("fp32", *STATES) if masters[0] else STATES
-        fmap = ucl.spec_for_load(megatron_program(cfg, states), m.layout, m.rank, logical)
-        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
-        return fmap, into
-
-    began = time.perf_counter()
-    tree, into, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes)
-    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
-               "path": report.path, "step": int(tree["step"]),
-               "seconds": {"plan": report.plan_s, "transfer": report.transfer_s, "storage": report.storage_s}}
-    if m.active < m.world:  # idle ranks leave; the training ones form their own group
-        if not m.training:
-            ctx.emit("idle", summary=summary)
-            ctx.leave()
-            return None, None
-        ctx.form("train", world=m.active)
-    resharded = time.perf_counter()
-    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
-    trainer.load_tensors(into, tree, has_masters=masters[0])
-    summary["seconds"] |= {"reshard": resharded - began, "build": time.perf_counter() - resharded}
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, summary)
-    if m.rank == 0:
-        ctx.emit("recovered", t=time.monotonic(), step=trainer.progress.step, layout=str(m.layout),
-                 ranks=everyone)
-    return trainer, report.path
 
 
 def _verify(ctx: ElasticContext, trainer, path: str, tree_rng: str | None, rng_before: str) -> None:
@@ -174,9 +136,25 @@ def _rng_digest_of(tree: dict, rank: int) -> str | None:
     return hashlib.sha256(base64.b64decode(rng["torch"])).hexdigest()[:16]
 
 
-def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, recovered_from: str | None) -> dict:
+@dataclass
+class HeldMemory:
+    """What a process keeps across every re-forming (the point of a hot recovery): the replica
+    tiers of the checkpoints and of the snapshots, and the paths it saw replicated on every rank."""
+
+    tiers: list
+    snapshot_tiers: list
+    complete: set[str] = field(default_factory=set)
+
+    @property
+    def all_tiers(self) -> list:
+        return [*self.tiers, *self.snapshot_tiers]
+
+
+def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, directory: str, snapshot_dir: str,
+           recovered_from: str | None) -> dict:
     import torch.distributed as dist
 
+    from ucp.integrations.snapshots import SnapshotOptions, Snapshots
     from ucp.integrations.stacks.jobs import rng_digest
     from ucp.replication.replicas import ReplicaManager
     from ucp.manager import CheckpointManager
@@ -186,7 +164,11 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, r
     options.pop("process_group")
     manager = CheckpointManager(directory, save_policy=EveryNSteps(plan.save_every), retention=KeepLast(2),
                                 process_group=dist.group.WORLD, save_options=options,
-                                replicas=ReplicaManager(tiers=tiers, replicas=1, keep=1))
+                                replicas=ReplicaManager(tiers=held.tiers, replicas=1, keep=1))
+    snapshots = None
+    if plan.snapshot_every:
+        snapshots = Snapshots(SnapshotOptions(every=plan.snapshot_every, directory=snapshot_dir),
+                              save_options=options, process_group=dist.group.WORLD, tiers=held.snapshot_tiers)
     if recovered_from and plan.verify:
         import ucp
 
@@ -204,41 +186,46 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, tiers, directory: str, r
         step = trainer.progress.step
         if ctx.rank == 0:
             ctx.emit("step", step=step, loss=loss, seconds=time.perf_counter() - began, t=time.monotonic())
-        if step % plan.save_every == 0:
+        snapshot = step % plan.save_every != 0 and snapshots is not None and snapshots.due(step)
+        if step % plan.save_every == 0 or snapshot:
             began = time.perf_counter()
-            manager.save(step, trainer.checkpoint_state()[0])  # and replicates into peers' memory
-            if ctx.uid == plan.corrupt_uid:
-                for tier in tiers:
+            state = trainer.checkpoint_state()[0]
+            # either returns once the copies are in peers' memory on every rank: complete
+            held.complete.add(snapshots.save(step, state) if snapshot else manager.save(step, state))
+            if ctx.uid == plan.corrupt_uid and not snapshot:
+                for tier in held.tiers:
                     for ck in tier.checkpoints():
                         for key in tier.keys(ck):
                             tier.corrupt(ck, key)
             if ctx.rank == 0:
-                ctx.emit("saved", step=step, t=time.monotonic(), seconds=time.perf_counter() - began)
+                ctx.emit("saved", step=step, snapshot=snapshot, t=time.monotonic(),
+                         seconds=time.perf_counter() - began)
     return {"final_step": trainer.progress.step}
 
 
-def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str) -> dict:
+def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir: str = "") -> dict:
     """The body of every process (training rank or spare); see the module doc."""
     from ucp.integrations.llama.config import LlamaConfig
     from ucp.integrations.stacks.jobs import build_trainer
     from ucp.replication.errors import ReplicaError
+    from ucp.integrations.stacks.hot_stacks import recover
     from ucp.replication.replica_tiers import MemoryTier
 
-    tiers = [MemoryTier(capacity_bytes=plan.memory_bytes)]  # survives every re-forming: the point
+    held = HeldMemory([MemoryTier(capacity_bytes=plan.memory_bytes)], [MemoryTier(capacity_bytes=plan.memory_bytes)])
     membership = ctx.join(after=-1)
     error = None
     while membership is not None:
         try:
             ctx.form("all")
             if membership.generation == 0:
-                trainer = build_trainer("megatron", LlamaConfig.parse(plan.model), membership.layout, plan.settings,
+                trainer = build_trainer(plan.stack, LlamaConfig.parse(plan.model), membership.layout, plan.settings,
                                         rank=membership.rank)
-                return _train(ctx, plan, trainer, tiers, directory, None)
+                return _train(ctx, plan, trainer, held, directory, snapshot_dir, None)
             if membership.rank == 0:
                 ctx.emit("formed", t=time.monotonic(), generation=membership.generation)
-            trainer, path = _recover(ctx, plan, tiers)
+            trainer, path = recover(ctx, plan, held.all_tiers, held.complete)
             if trainer is not None:
-                return _train(ctx, plan, trainer, tiers, directory, path)
+                return _train(ctx, plan, trainer, held, directory, snapshot_dir, path)
         except (RuntimeError, ReplicaError) as err:  # a peer is gone (gloo raises RuntimeError subclasses)
             error = f"{type(err).__name__}: {str(err)[:300]}"
             ctx.emit("failure_seen", t=time.monotonic(), error=error)
@@ -254,33 +241,23 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str) -> dict:
 # --------------------------------------------------------------------------- the agent's side
 
 
-def megatron_check(model: str, settings: TrainSettings) -> Callable[[Layout], None]:
-    """The planner's constraint: the Megatron-style stack's own layout check for this model."""
-    from ucp.integrations.llama.config import LlamaConfig
-    from ucp.integrations.megatron.trainer import MegatronTrainer
-
-    cfg = LlamaConfig.parse(model)
-
-    def check(layout: Layout) -> None:
-        MegatronTrainer._check(cfg, layout, settings)
-        if cfg.layers % layout.pp:
-            raise ValueError(f"pp={layout.pp} must divide the {cfg.layers} layers")
-
-    return check
-
-
 def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[dict], Any] | None = None,
             timeout_s: float = 600.0) -> HotReport:
     """Run ``plan`` in ``directory`` (emptied first); see the module doc."""
-    from ucp.integrations.launch import WITH_DEEPSPEED  # noqa: F401 - the fork server's imports are shared
+    from ucp.integrations.launch import WITH_DEEPSPEED
+    from ucp.integrations.stacks.hot_stacks import layout_check
 
     directory = os.fspath(directory)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     report = HotReport(plan)
     notify = on_event or (lambda e: None)
-    agent = ElasticAgent(hot_worker, args=(plan, directory), layout=plan.layout, spares=plan.spares,
-                         check=megatron_check(plan.model, plan.settings), override=plan.override,
+    from ucp.integrations.snapshots import default_snapshot_directory
+
+    snapshot_dir = default_snapshot_directory() if plan.snapshot_every else ""
+    agent = ElasticAgent(hot_worker, args=(plan, directory, snapshot_dir), layout=plan.layout, spares=plan.spares,
+                         **({"preload": WITH_DEEPSPEED} if plan.stack == "deepspeed" else {}),
+                         check=layout_check(plan.stack, plan.model, plan.settings), override=plan.override,
                          collective_timeout_s=plan.collective_timeout_s, hang_timeout_s=plan.hang_timeout_s)
     times: dict[str, float] = {}
     saved: list[int] = []
@@ -311,7 +288,9 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
                 agent.kill(plan.second_kill_uid)  # a second failure while the survivors reshard
         elif kind == "recovered":
             times["recovered"] = event["t"]
-            report.resumed_from = event["step"]
+            report.resumed_from, report.resumed_position = event["step"], event["position"]
+            report.handed_bytes = sum(r.get("handed_bytes", 0) for r in event["ranks"])
+            report.resumed_path = event["ranks"][0]["path"]
             report.elements = {k: sum(r["elements"][k] for r in event["ranks"]) for k in ("own", "peer", "storage")}
             report.peer_bytes = sum(r["peer_bytes"] for r in event["ranks"])
             report.corrupt = sorted({c for r in event["ranks"] for c in r["corrupt"]})
@@ -329,7 +308,11 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
             notify({"kind": "killed", "uid": plan.kill_uid, "rank": plan.kill_uid, "step": event["step"],
                     "t": times["kill"]})
 
-    agent.run(timeout_s=timeout_s, on_event=watch)
+    try:
+        agent.run(timeout_s=timeout_s, on_event=watch)
+    finally:
+        if snapshot_dir:
+            shutil.rmtree(snapshot_dir, ignore_errors=True)
     report.detect_s = times["detected"] - times["kill"]
     report.reform_s = times["formed"] - times["detected"]
     report.reshard_s = times["recovered"] - times["formed"]

@@ -67,11 +67,13 @@ def build_trainer(stack: str, cfg: LlamaConfig, layout: Layout | str, settings: 
 
 
 def _numpy(snapshot: dict | None) -> dict | None:
+    """Numpy copies in the tensors' storage dtype (bf16 as its uint16 bit pattern), so comparisons
+    are bitwise and a bf16 tensor never equals an fp32 one."""
     if snapshot is None:
         return None
-    import torch
+    from ucp.dtypes import to_numpy
 
-    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy().copy() for k, v in snapshot.items()}
+    return {k: to_numpy(v.detach()).copy() for k, v in snapshot.items()}
 
 
 def rng_digest() -> str:

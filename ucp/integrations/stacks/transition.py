@@ -37,9 +37,10 @@ class Transition:
     steps_before: int = 3
     steps_after: int = 10
     native_deepspeed: bool = False  # A saves a native DeepSpeed checkpoint; ucp's reader converts it
+    precision: str = "fp32"  # TrainSettings.precision of both runs and of the reference
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.before[0]} {self.before[1]} -> {self.after[0]} {self.after[1]}"
+        return f"{self.name}: {self.before[0]} {self.before[1]} -> {self.after[0]} {self.after[1]} ({self.precision})"
 
 
 @dataclass
@@ -95,9 +96,13 @@ def compare_snapshots(saved: dict[str, np.ndarray], loaded: dict[str, np.ndarray
 
 def run_transition(t: Transition, directory: str | os.PathLike, *, settings: TrainSettings = TrainSettings(),
                    reference: list[float] | None = None, preload=WITH_DEEPSPEED) -> TransitionResult:
-    """Run ``t`` in ``directory`` (see the module doc). ``reference`` reuses a reference run."""
+    """Run ``t`` in ``directory`` (see the module doc). ``reference`` reuses a reference run;
+    ``settings.precision`` is replaced by the transition's."""
+    import dataclasses
+
     import ucp
 
+    settings = dataclasses.replace(settings, precision=t.precision)
     path = os.path.join(os.fspath(directory), f"step_{t.steps_before:08d}")
     total = t.steps_before + t.steps_after
     if reference is None:
@@ -116,7 +121,9 @@ def run_transition(t: Transition, directory: str | os.PathLike, *, settings: Tra
     b = run(run_job, world=second.world, args=(second,), preload=preload)
     result = TransitionResult(t, reference[:total], {**a["losses"], **b["losses"]},
                               saved_tensors=len(a["saved"]), loaded_tensors=len(b["loaded"]))
-    in_checkpoint = {name: ucp.read_tensor(path, name).numpy() for name in a["saved"]}
+    from ucp.dtypes import to_numpy
+
+    in_checkpoint = {name: to_numpy(ucp.read_tensor(path, name)) for name in a["saved"]}
     result.mismatches = [f"saved {n}" for n in compare_snapshots(in_checkpoint, a["saved"])]
     result.mismatches += [f"loaded {n}" for n in compare_snapshots(a["saved"], b["loaded"])]
     if b["start_step"] != t.steps_before:

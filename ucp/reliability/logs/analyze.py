@@ -65,17 +65,18 @@ class AnalysisOptions:
 
 @lru_cache(maxsize=4)
 def _trained_model(taxonomy: Taxonomy):
-    # Training takes about a second; runs in one process (tests, notebooks) share it.
-    from ucp.reliability.logs.classifier import TemplateClassifier  # sklearn only when needed
+    # Read from the shipped file for the built-in taxonomy, fitted (~1 s) for any other; runs in one process
+    # (tests, notebooks) share it.
+    from ucp.reliability.logs.fitted import fitted_model  # sklearn only when needed
 
-    return TemplateClassifier.train(taxonomy)
+    return fitted_model(taxonomy, "categories")
 
 
 @lru_cache(maxsize=4)
 def _domain_model(taxonomy: Taxonomy):
-    from ucp.reliability.logs.classifier import TemplateClassifier
+    from ucp.reliability.logs.fitted import fitted_model
 
-    return TemplateClassifier.train_domains(taxonomy)
+    return fitted_model(taxonomy, "domains")
 
 
 @dataclass(frozen=True)

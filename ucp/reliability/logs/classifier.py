@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.model_selection import StratifiedKFold, cross_val_predict
-from sklearn.pipeline import FeatureUnion
-from sklearn.svm import LinearSVC
 
 from ucp.reliability.logs.masking import mask
 from ucp.reliability.logs.records import Classification
 from ucp.reliability.logs.errors import TaxonomyError
 from ucp.reliability.logs.taxonomy import NORMAL, UNCLASSIFIED, Taxonomy
+
+# The fit's settings: a file of fitted numbers is valid only for the settings it was fitted with
+# (:mod:`ucp.reliability.logs.fitted` puts them into its digest).
+FEATURE_PARAMS = (
+    ("chars", {"analyzer": "char_wb", "ngram_range": (3, 5), "sublinear_tf": True, "lowercase": True,
+               "min_df": 1}),
+    ("words", {"analyzer": "word", "ngram_range": (1, 2), "sublinear_tf": True,
+               "token_pattern": r"[A-Za-z_][A-Za-z_]+", "lowercase": True}),
+)
+SVM_C = 1.0
 
 
 class TemplateClassifier:
@@ -35,26 +42,33 @@ class TemplateClassifier:
     the per-class sigmoids (Platt) that turn margins into probabilities.
     """
 
-    def __init__(self, *, features, classes, coef, intercept, a, b, threshold: float):
+    def __init__(self, *, vocabularies, idfs, classes, coef, intercept, a, b, threshold: float, features=None):
         self.threshold = threshold
         self.classes = [str(c) for c in classes]
         # sklearn's predict_proba validates its input per call: ~10 ms. The same arithmetic by
-        # hand (linear margins, per-class sigmoids, normalisation) takes ~0.1 ms.
-        self._features = features
-        self._blocks = []  # (vectorizer, vocabulary, idf, column offset) per FeatureUnion part
+        # hand (linear margins, per-class sigmoids, normalisation) takes ~0.1 ms. The analyzers come from
+        # unfitted vectorizers of the same settings: a model read from a file needs no sklearn fit.
+        self._features = features  # the fitted FeatureUnion when fitted in this process (tests compare it)
+        self.vocabularies = [dict(v) for v in vocabularies]
+        self.idfs = [np.asarray(idf, dtype=float) for idf in idfs]
+        self._blocks = []  # (analyzer, vocabulary, idf, column offset) per FeatureUnion part
         offset = 0
-        for _, vec in features.transformer_list:
-            self._blocks.append((vec.build_analyzer(), vec.vocabulary_, vec.idf_, offset))
-            offset += len(vec.vocabulary_)
+        for (_, params), vocab, idf in zip(FEATURE_PARAMS, self.vocabularies, self.idfs):
+            self._blocks.append((TfidfVectorizer(**params).build_analyzer(), vocab, idf, offset))
+            offset += len(vocab)
         self._coef = np.asarray(coef, dtype=float)  # (features, classes)
         self._intercept = np.asarray(intercept, dtype=float)
         self._a = np.asarray(a, dtype=float)
         self._b = np.asarray(b, dtype=float)
 
+    def arrays(self) -> dict:
+        """The fitted numbers: ``coef`` (features, classes), ``intercept``, ``a`` and ``b`` (classes)."""
+        return {"coef": self._coef, "intercept": self._intercept, "a": self._a, "b": self._b}
+
     def with_threshold(self, threshold: float) -> "TemplateClassifier":
         """The same model with another abstention threshold."""
-        return TemplateClassifier(features=self._features, classes=self.classes, coef=self._coef,
-                                  intercept=self._intercept, a=self._a, b=self._b, threshold=threshold)
+        return TemplateClassifier(vocabularies=self.vocabularies, idfs=self.idfs, classes=self.classes,
+                                  threshold=threshold, features=self._features, **self.arrays())
 
     def _margins(self, text: str) -> np.ndarray:
         # TF-IDF (sublinear tf, l2 per block) of one document, as sklearn computes it.
@@ -87,9 +101,8 @@ class TemplateClassifier:
         Categories with fewer than 2 examples (a freshly discovered category with
         one example line, say) are left to their rules and templates.
         """
-        examples = taxonomy.labeled_examples()
-        return cls.fit([text for text, _ in examples], [label for _, label in examples],
-                       threshold=taxonomy.confidence_threshold, seed=seed)
+        texts, labels = category_examples(taxonomy)
+        return cls.fit(texts, labels, threshold=taxonomy.confidence_threshold, seed=seed)
 
     @classmethod
     def train_domains(cls, taxonomy: Taxonomy, *, seed: int = 0) -> "TemplateClassifier":
@@ -98,19 +111,17 @@ class TemplateClassifier:
         Trained on the failure categories' examples and descriptions; it names
         the domain of a discovered category (with its probability as confidence).
         """
-        texts, labels = [], []
-        for cat in taxonomy.categories:
-            if cat.path == NORMAL:
-                continue
-            for text in (*cat.examples, cat.description):
-                if text:
-                    texts.append(text)
-                    labels.append(cat.domain)
+        texts, labels = domain_examples(taxonomy)
         return cls.fit(texts, labels, threshold=0.0, seed=seed)
 
     @classmethod
     def fit(cls, texts: list[str], labels: list[str], *, threshold: float, seed: int = 0) -> "TemplateClassifier":
         """Fit the TF-IDF + calibrated linear SVM on raw ``texts`` (masked here) and their ``labels``."""
+        # Here, not at the top: a model read from its file (the usual run) needs none of these imports.
+        from sklearn.model_selection import StratifiedKFold, cross_val_predict
+        from sklearn.pipeline import FeatureUnion
+        from sklearn.svm import LinearSVC
+
         counts = {label: labels.count(label) for label in set(labels)}
         kept = [(mask(t), label) for t, label in zip(texts, labels) if counts[label] >= 2]
         if len({label for _, label in kept}) < 2:
@@ -118,12 +129,7 @@ class TemplateClassifier:
                                 "to train the classifier; add examples")
         texts = [t for t, _ in kept]
         labels = [label for _, label in kept]
-        features = FeatureUnion([
-            ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True,
-                                      lowercase=True, min_df=1)),
-            ("words", TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True,
-                                      token_pattern=r"[A-Za-z_][A-Za-z_]+", lowercase=True)),
-        ])
+        features = FeatureUnion([(name, TfidfVectorizer(**params)) for name, params in FEATURE_PARAMS])
         x = features.fit_transform(texts)
         y = np.array(labels)
         # A linear SVM trains in ~0.1 s where multinomial logistic regression takes seconds on these
@@ -132,7 +138,7 @@ class TemplateClassifier:
         # one-sigmoid-at-a-time L-BFGS took 4 of every 5 seconds of an analysis run, all classes'
         # Newton steps at once take milliseconds; a test checks the two agree).
         folds = min(3, min(labels.count(label) for label in set(labels)))
-        svc = LinearSVC(C=1.0, random_state=seed)
+        svc = LinearSVC(C=SVM_C, random_state=seed)
         held_out = cross_val_predict(svc, x, y, cv=StratifiedKFold(folds), method="decision_function")
         svc.fit(x, y)
         coef, intercept = svc.coef_.T, svc.intercept_
@@ -140,8 +146,10 @@ class TemplateClassifier:
             held_out = np.column_stack([-held_out, held_out])
             coef, intercept = np.column_stack([-coef[:, 0], coef[:, 0]]), np.array([-intercept[0], intercept[0]])
         a, b = platt_sigmoids(held_out, y[:, None] == svc.classes_[None, :])
-        return cls(features=features, classes=svc.classes_, coef=coef, intercept=intercept, a=a, b=b,
-                   threshold=threshold)
+        vectorizers = [vec for _, vec in features.transformer_list]
+        return cls(vocabularies=[vec.vocabulary_ for vec in vectorizers], idfs=[vec.idf_ for vec in vectorizers],
+                   classes=svc.classes_, coef=coef, intercept=intercept, a=a, b=b, threshold=threshold,
+                   features=features)
 
     def classify(self, masked: str) -> Classification:
         """Category and probability for one masked message (``unclassified`` if unsure)."""
@@ -151,6 +159,25 @@ class TemplateClassifier:
         if confidence < self.threshold:
             return Classification(UNCLASSIFIED, confidence, "threshold")
         return Classification(self.classes[best], confidence, "model")
+
+
+def category_examples(taxonomy: Taxonomy) -> tuple[list[str], list[str]]:
+    """The category model's training data: every labeled example and its category path."""
+    examples = taxonomy.labeled_examples()
+    return [text for text, _ in examples], [label for _, label in examples]
+
+
+def domain_examples(taxonomy: Taxonomy) -> tuple[list[str], list[str]]:
+    """The domain model's training data: failure categories' examples and descriptions, by domain."""
+    texts, labels = [], []
+    for cat in taxonomy.categories:
+        if cat.path == NORMAL:
+            continue
+        for text in (*cat.examples, cat.description):
+            if text:
+                texts.append(text)
+                labels.append(cat.domain)
+    return texts, labels
 
 
 def platt_sigmoids(margins: np.ndarray, positive: np.ndarray, *, iterations: int = 100) -> tuple:

@@ -23,3 +23,7 @@ class TaxonomyError(UcpError, ValueError):
 
 class TemplateStateError(UcpError, ValueError):
     """A ``--state`` file exists but is not a drain3 state this version can load."""
+
+
+class FittedModelError(UcpError, ValueError):
+    """A file of fitted classifier numbers is damaged or does not follow its format."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scipy.stats import poisson
 
@@ -61,32 +61,24 @@ class Incident:
         }
 
 
-@dataclass
-class _Open:
-    """An incident under construction (mutable while events stream in)."""
-
-    events: list = field(default_factory=list)
-    nodes: set = field(default_factory=set)
-    jobs: set = field(default_factory=set)
-    end: float = 0.0
-    symptoms_only: bool = True
-    start: float = 0.0
-    categories: set = field(default_factory=set)
-
-
-
 def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                     window_s: float = 900.0) -> tuple[list[Incident], list[int]]:
     """Incidents over ``events`` and, per event (same order as given), its incident id."""
     # Time order; untimed events last, by file and line. Keys built in one pass: no call per comparison.
     keys = [(e.timestamp is None, e.timestamp or 0.0, e.file, e.line) for e in events]
     order = sorted(range(len(events)), key=keys.__getitem__)
-    groups: list[_Open] = []
+    # Incidents under construction as columns (one list per attribute, indexed by incident id): most
+    # incidents hold one event, and an object per incident cost more than the folding itself.
+    members: list[list] = []  # events of each incident
+    starts: list[float] = []
+    ends: list[float] = []
+    kinds: list[set] = []  # categories
+    only_symptoms: list[bool] = []
     member: list[int] = [0] * len(events)
     # O(1) per event: the latest incident per job and per node, the latest
     # incident overall, and the latest one holding only symptoms.
     by_job: dict[str, int] = {}
-    by_node: dict[str, int] = {}
+    by_node: dict = {}
     by_node_category: dict[tuple, int] = {}
     latest: int | None = None
     latest_symptomatic: int | None = None
@@ -94,92 +86,103 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
     symptom_of: dict[str, bool] = {}
     for i in order:
         ev = events[i]
-        symptom = symptom_of.get(ev.category)
+        category, t, node, job = ev.category, ev.timestamp, ev.node, ev.job
+        symptom = symptom_of.get(category)
         if symptom is None:
-            symptom = symptom_of[ev.category] = taxonomy.is_symptom(ev.category)
-        if ev.timestamp is None:
+            symptom = symptom_of[category] = taxonomy.is_symptom(category)
+        if t is None:
             # No clock to fold by: untimed events of one file are one incident.
             gid = untimed_by_file.get(ev.file)
             if gid is None:
-                gid = untimed_by_file[ev.file] = len(groups)
-                groups.append(_Open())
+                gid = untimed_by_file[ev.file] = len(members)
+                members.append([])
+                starts.append(0.0)
+                ends.append(0.0)
+                kinds.append(set())
+                only_symptoms.append(True)
         else:
-            t = ev.timestamp
             gid = None
-            if ev.job is not None:
-                g = by_job.get(ev.job)
-                if g is not None and t - groups[g].end <= window_s:
+            if job is not None:
+                g = by_job.get(job)
+                if g is not None and t - ends[g] <= window_s:
                     gid = g
             # A line without a host is its file's: a log with no host names is one machine's, or one stream
-            source = ev.node if ev.node is not None else (ev.file,)
+            source = node if node is not None else (ev.file,)
             if gid is None:
-                g = by_node_category.get((source, ev.category))  # the node's incident of this kind first
-                if g is not None and t - groups[g].end <= window_s:
+                g = by_node_category.get((source, category))  # the node's incident of this kind first
+                if g is not None and t - ends[g] <= window_s:
                     gid = g
             if gid is None:
                 g = by_node.get(source)
                 # Another kind of failure on the node joins only near the incident's start: a storm of one
                 # message every minute for hours would otherwise fold every later failure of its node.
-                if g is not None and t - groups[g].end <= window_s and (
-                        ev.category in groups[g].categories or t - groups[g].start <= window_s):
+                if g is not None and t - ends[g] <= window_s and (
+                        category in kinds[g] or t - starts[g] <= window_s):
                     gid = g
             if gid is None:
                 if symptom:
-                    if latest is not None and t - groups[latest].end <= window_s:
+                    if latest is not None and t - ends[latest] <= window_s:
                         gid = latest
-                elif latest_symptomatic is not None and t - groups[latest_symptomatic].end <= window_s \
-                        and groups[latest_symptomatic].symptoms_only:
+                elif latest_symptomatic is not None and t - ends[latest_symptomatic] <= window_s \
+                        and only_symptoms[latest_symptomatic]:
                     gid = latest_symptomatic
             if gid is None:
-                gid = len(groups)
-                groups.append(_Open(end=t, start=t))
-            groups[gid].end = max(groups[gid].end, t)
+                gid = len(members)
+                members.append([])
+                starts.append(t)
+                ends.append(t)
+                kinds.append(set())
+                only_symptoms.append(True)
+            elif t > ends[gid]:
+                ends[gid] = t
             latest = gid
-        grp = groups[gid]
-        grp.events.append(ev)
-        grp.categories.add(ev.category)
-        grp.symptoms_only = grp.symptoms_only and symptom
-        if grp.symptoms_only and ev.timestamp is not None:
-            latest_symptomatic = gid
-        if ev.node is not None:
-            grp.nodes.add(ev.node)
-        if ev.timestamp is not None:
-            source = ev.node if ev.node is not None else (ev.file,)
             by_node[source] = gid
-            by_node_category[source, ev.category] = gid
-        if ev.job is not None:
-            grp.jobs.add(ev.job)
-            if ev.timestamp is not None:
-                by_job[ev.job] = gid
+            by_node_category[source, category] = gid
+            if job is not None:
+                by_job[job] = gid
+        members[gid].append(ev)
+        kinds[gid].add(category)
+        if only_symptoms[gid]:
+            only_symptoms[gid] = symptom
+            if symptom and t is not None:
+                latest_symptomatic = gid
         member[i] = gid
     # a category's rank as a root cause, once per category rather than once per event
     rank = {c: (symptom, taxonomy.root_rank(c)) for c, symptom in symptom_of.items()}
     fatal = {c: taxonomy.is_fatal(c) for c in symptom_of}
-    incidents = [_finish(gid, grp, rank, fatal) for gid, grp in enumerate(groups)]
+    incidents = [_finish(gid, evs, rank, fatal) for gid, evs in enumerate(members)]
     return incidents, member
 
 
-def _finish(gid: int, grp: _Open, rank: dict, fatal: dict) -> Incident:
-    events = grp.events
+def _finish(gid: int, events: list, rank: dict, fatal: dict) -> Incident:
     if len(events) == 1:  # most incidents: skip the ranking and counting
         root = events[0]
         start = end = root.timestamp
-        categories = {root.category: 1}
-    else:
-        root = min(events, key=lambda e: (*rank[e.category],
-                                          e.timestamp if e.timestamp is not None else math.inf, e.file, e.line))
-        stamps = [e.timestamp for e in events if e.timestamp is not None]
-        start, end = (min(stamps), max(stamps)) if stamps else (None, None)
-        categories = {}
-        for e in events:  # a plain dict: Counter's constructor costs more than this loop here
-            categories[e.category] = categories.get(e.category, 0) + 1
+        return Incident(
+            id=gid, start=start, end=end,
+            root_category=root.category, root_node=root.node, root_job=root.job, root_file=root.file,
+            root_line=root.line, root_message=root.message[:300], fatal=fatal[root.category],
+            event_count=1, categories={root.category: 1},
+            nodes=() if root.node is None else (root.node,), jobs=() if root.job is None else (root.job,))
+    root = min(events, key=lambda e: (*rank[e.category],
+                                      e.timestamp if e.timestamp is not None else math.inf, e.file, e.line))
+    stamps = [e.timestamp for e in events if e.timestamp is not None]
+    start, end = (min(stamps), max(stamps)) if stamps else (None, None)
+    categories: dict = {}
+    nodes, jobs = set(), set()
+    for e in events:  # a plain dict: Counter's constructor costs more than this loop here
+        categories[e.category] = categories.get(e.category, 0) + 1
+        nodes.add(e.node)
+        jobs.add(e.job)
+    nodes.discard(None)
+    jobs.discard(None)
     return Incident(
         id=gid, start=start, end=end,
         root_category=root.category, root_node=root.node, root_job=root.job, root_file=root.file,
         root_line=root.line, root_message=root.message[:300], fatal=fatal[root.category],
         event_count=len(events), categories=categories,
-        nodes=tuple(grp.nodes) if len(grp.nodes) < 2 else tuple(sorted(grp.nodes)),
-        jobs=tuple(grp.jobs) if len(grp.jobs) < 2 else tuple(sorted(grp.jobs)),
+        nodes=tuple(nodes) if len(nodes) < 2 else tuple(sorted(nodes)),
+        jobs=tuple(jobs) if len(jobs) < 2 else tuple(sorted(jobs)),
     )
 
 

@@ -30,6 +30,7 @@ import calendar
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 _RUNS = re.compile(r"\d+|[A-Za-z]+")
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
@@ -56,6 +57,7 @@ class StampLayout:
     year: int | None = None
     _days: dict = field(default_factory=dict, compare=False, repr=False)
     _stamps: dict = field(default_factory=dict, compare=False, repr=False)
+    _dates: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_year(self) -> bool:
@@ -96,12 +98,102 @@ class StampLayout:
             cache[text] = ts  # stamps repeat (many lines per second): one parse each
         return ts
 
+    @cached_property
+    def _runs_at(self) -> tuple | None:
+        """``(date roles, hour's run, minute's, second's, fraction's)``; None if a role is none of these."""
+        roles = dict(self.roles)
+        if not set(roles) <= set(_FIELDS):
+            return None
+        return (tuple((name, i) for name, i in self.roles if name in ("year", "month", "day")),
+                *(roles.get(name) for name in ("hour", "minute", "second", "fraction")))
+
     def _convert(self, text: str) -> float | None:
         if self.epoch:
             digits = text.strip("[]() ,:")
             if not digits.isdigit():
                 return None
             return int(digits) / self.epoch
+        runs_at = self._runs_at
+        if runs_at is None:
+            return self._convert_fields(text)
+        # Stamps with fractions rarely repeat and merged logs jump in time: a date's midnight is worked out
+        # once, the time of day is integer slicing (the same sums in the same order as _convert_fields, so
+        # the result is bit for bit the same).
+        parts = _RUNS.findall(text)
+        if len(parts) < self.runs:
+            return None
+        date, hour_at, minute_at, second_at, fraction_at = runs_at
+        key = tuple([parts[i] for _, i in date])
+        base = self._dates.get(key, -1.0)
+        if base == -1.0:
+            base = self._date_start(dict(zip([name for name, _ in date], key)))
+            if len(self._dates) > 10_000:
+                self._dates.clear()
+            self._dates[key] = base
+        if base is None:
+            return None
+        clock = [0, 0, 0]
+        for k, at in enumerate((hour_at, minute_at, second_at)):
+            if at is not None:
+                run = parts[at]
+                if not run.isdigit():
+                    return None
+                clock[k] = int(run)
+        hour, minute, second = clock
+        fraction = 0.0
+        if fraction_at is not None:
+            run = parts[fraction_at]
+            if not run.isdigit():
+                return None
+            fraction = float("0." + run)
+        if hour > 23 or minute > 59 or second > 60:
+            return None
+        return self._zoned(text, base + hour * 3600 + minute * 60 + second + fraction)
+
+    def _date_start(self, runs: dict) -> float | None:
+        f = {}
+        for name, value in runs.items():
+            if name == "month" and not value.isdigit():
+                month = _MONTHS.get(value.lower())
+                if month is None:
+                    return None
+                f[name] = month
+            elif not value.isdigit():
+                return None
+            else:
+                f[name] = int(value)
+        year = f.get("year", self.year)
+        if year is None:
+            return None
+        if self.two_digit_year:
+            year += 2000 if year < 70 else 1900
+        if not 1970 <= year <= 2100:  # a pid or a count, not a year
+            return None
+        return self._day((year, f.get("month", 1), f.get("day", 1)))
+
+    def _day(self, key: tuple) -> float | None:
+        base = self._days.get(key, -1.0)
+        if base == -1.0:
+            try:
+                base = float(calendar.timegm((*key, 0, 0, 0, 0, 0, 0))) if _valid_date(*key) else None
+            except (OverflowError, ValueError):
+                base = None
+            if len(self._days) > 10_000:
+                self._days.clear()
+            self._days[key] = base
+        return base
+
+    @staticmethod
+    def _zoned(text: str, ts: float) -> float:
+        # A zone ends the stamp and is at most 7 characters ("+02:00]") after the digit before it: the tail
+        # holds every match, and searching it alone costs nothing per character of the stamp.
+        zone = _ZONE.search(text[-8:])
+        if zone is not None and zone.group(2):
+            sign = -1 if zone.group(2) == "+" else 1  # 10:00+02:00 is 08:00 UTC
+            ts += sign * (int(zone.group(3)) * 3600 + int(zone.group(4)) * 60)
+        return ts
+
+    def _convert_fields(self, text: str) -> float | None:
         f = self.fields(text)
         if f is None:
             return None
@@ -112,25 +204,11 @@ class StampLayout:
             year += 2000 if year < 70 else 1900
         if not 1970 <= year <= 2100:  # a pid or a count, not a year
             return None
-        key = (year, f.get("month", 1), f.get("day", 1))
-        base = self._days.get(key, -1.0)
-        if base == -1.0:
-            try:
-                base = float(calendar.timegm((*key, 0, 0, 0, 0, 0, 0))) if _valid_date(*key) else None
-            except (OverflowError, ValueError):
-                base = None
-            if len(self._days) > 10_000:
-                self._days.clear()
-            self._days[key] = base
+        base = self._day((year, f.get("month", 1), f.get("day", 1)))
         hour, minute, second = f.get("hour", 0), f.get("minute", 0), f.get("second", 0)
         if base is None or hour > 23 or minute > 59 or second > 60:
             return None
-        ts = base + hour * 3600 + minute * 60 + second + f.get("fraction", 0.0)
-        zone = _ZONE.search(text)
-        if zone is not None and zone.group(2):
-            sign = -1 if zone.group(2) == "+" else 1  # 10:00+02:00 is 08:00 UTC
-            ts += sign * (int(zone.group(3)) * 3600 + int(zone.group(4)) * 60)
-        return ts
+        return self._zoned(text, base + hour * 3600 + minute * 60 + second + f.get("fraction", 0.0))
 
 
 def _valid_date(year: int, month: int, day: int) -> bool:
@@ -221,6 +299,10 @@ def _compact(rest: list, date_len: int, roles: dict | None = None) -> StampLayou
 
 class _CompactLayout(StampLayout):
     """``yymmdd hhmmss`` / ``yyyymmdd``: dates and times written without separators."""
+
+    @property
+    def _runs_at(self) -> None:  # the clock is one run: every stamp is read whole
+        return None
 
     def fields(self, text: str) -> dict | None:
         parts = _RUNS.findall(text)

@@ -17,7 +17,14 @@ the few numbers that decide a category (``status: 200``, ``Xid 79``) keep
 their value, because real logs do not draw those at random either.
 ``--no-vary`` repeats the loghub lines verbatim (the older, flattering log).
 
+``--systems Linux,HDFS,...`` races ours and drain3 on each loghub system alone as well: its 2k
+lines repeated to ``--system-lines`` lines, the digits of each message's content (loghub's
+``Content`` column) redrawn per repeat as above, the header left as the system writes it. Each
+system's log has its own envelope, learned from its first lines (:mod:`ucp.reliability.logs.envelope`),
+so this times the parts of the pipeline that the mixed log does not reach.
+
 Run:  .venv/bin/python ucp/tools/bench/logs_speed.py [--lines 1000000] [--per-kind 40] [--no-vary] [--workers 1,2]
+          [--systems Linux,HDFS,Android --system-lines 100000]
 """
 
 from __future__ import annotations
@@ -123,6 +130,69 @@ def benchmark_lines(*, lines: int, per_kind: int, vary: bool) -> list[str]:
     return out[:lines]
 
 
+def system_lines(name: str, *, lines: int, seed: int = 12345) -> list[str]:
+    """One loghub system's 2k lines repeated to ``lines``; every repeat but the first redraws content digits."""
+    from ucp.tools.bench.logs_generalize import load_system
+
+    raw, rows = load_system(name)
+    varier = _Varier(random.Random(seed))
+    out: list[str] = []
+    repeat = 0
+    while len(out) < lines:
+        for text, row in zip(raw, rows):
+            content = row["Content"]
+            if repeat and content and text.endswith(content):  # the header stays as the system writes it
+                text = text[:len(text) - len(content)] + varier.digits(content)
+            out.append(text)
+        repeat += 1
+    return out[:lines]
+
+
+def race(path: str, lines: list[str], *, repeat: int) -> tuple[list, list]:
+    """``repeat`` alternating runs of ours (the CLI's default partitioning) and drain3: (wall, CPU) lists."""
+    ours, alone = [], []
+    for _ in range(repeat):
+        _trained_model.cache_clear()
+        _domain_model.cache_clear()
+        _, wall, cpu = _timed(lambda: analyze_logs([path], options=AnalysisOptions(default_year=2024)))
+        ours.append((wall, cpu))
+        miner = TemplateMiner(config=drain3_config())
+        _, wall, cpu = _timed(lambda m=miner: [m.add_log_message(text) for text in lines])
+        alone.append((wall, cpu))
+    return ours, alone
+
+
+def _ratios(ours: list, alone: list, which: int) -> str:
+    ratios = sorted(d[which] / o[which] for o, d in zip(ours, alone))
+    return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
+def _load() -> str:
+    try:
+        return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
+def race_systems(systems: list[str], *, lines: int, repeat: int) -> None:
+    """Print, per loghub system, ours vs drain3: medians and ranges of the per-repeat ratios, wall and CPU."""
+    print(f"\nper loghub system, {lines:,} lines each ({repeat} alternating runs; ours in this process, "
+          f"the CLI's default partitioning; {_load()} before the first):\n")
+    print("| system | ours CPU s (median) | drain3 CPU s (median) | drain3 / ours, CPU | drain3 / ours, wall |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in systems:
+            text = system_lines(name, lines=lines)
+            path = os.path.join(tmp, f"{name}.log")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(text) + "\n")
+            ours, alone = race(path, text, repeat=repeat)
+            print(f"| {name} | {statistics.median(c for _, c in ours):.2f} | "
+                  f"{statistics.median(c for _, c in alone):.2f} | {_ratios(ours, alone, 1)} | "
+                  f"{_ratios(ours, alone, 0)} |", flush=True)
+    print(f"\n{_load()} after the last")
+
+
 def _timed(fn):
     t, c = time.perf_counter(), time.process_time()
     out = fn()
@@ -143,7 +213,14 @@ def main(argv=None) -> int:
                     help="comma-separated Dask worker counts to time ours with (1 = in this process)")
     ap.add_argument("--partitions", type=int, default=4,
                     help="byte ranges the log is cut into (the same for every worker count)")
+    ap.add_argument("--systems", default="",
+                    help="comma-separated loghub systems to race on alone as well (e.g. Linux,HDFS,Android)")
+    ap.add_argument("--system-lines", type=int, default=100_000, help="lines per loghub system's log")
+    ap.add_argument("--no-mixed", action="store_true", help="only the --systems races, not the mixed log")
     args = ap.parse_args(argv)
+    if args.no_mixed:
+        race_systems([s for s in args.systems.split(",") if s], lines=args.system_lines, repeat=args.repeat)
+        return 0
     workers = [int(w) for w in args.workers.split(",")]
     # Besides the fixed byte ranges: this process with the CLI's own partitioning (one partition per file
     # under 256 MiB), which is what `ucp logs analyze FILE` does with this file on one machine.
@@ -163,7 +240,7 @@ def main(argv=None) -> int:
             for w, parts in runs:
                 options = AnalysisOptions(default_year=2024) if parts is None else \
                     AnalysisOptions(default_year=2024, split_bytes=split)
-                _trained_model.cache_clear()  # every run trains the taxonomy's models, as a CLI run does
+                _trained_model.cache_clear()  # every run loads the taxonomy's models afresh, as a CLI run does
                 _domain_model.cache_clear()
                 result, wall, cpu = _timed(lambda o=options, w=w: analyze_logs([path], options=o, run=dask_runner(workers=w)))
                 ours[(w, parts)].append((wall, cpu))
@@ -171,10 +248,7 @@ def main(argv=None) -> int:
             _, wall, cpu = _timed(lambda m=miner: [m.add_log_message(text) for text in lines])
             alone.append((wall, cpu))
     n = len(lines)
-    try:
-        load = "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
-    except OSError:
-        load = "load average unknown"
+    load = _load()
     print(f"{n:,} lines ({'varied' if args.vary else 'verbatim'} loghub repeats; {distinct:,} distinct lines, "
           f"{distinct_masked:,} distinct masked lines; {len(result.events):,} failure events, "
           f"{len(result.incidents):,} incidents), {args.partitions} partitions, best of {args.repeat} alternating "
@@ -209,6 +283,8 @@ def main(argv=None) -> int:
         cpus = sorted(d[1] / o[1] for o, d in zip(ours[(w, parts)], alone))
         print(f"- in this process, {parts or 'default'} partition(s): wall {statistics.median(walls):.2f}x "
               f"({walls[0]:.2f}-{walls[-1]:.2f}), CPU {statistics.median(cpus):.2f}x ({cpus[0]:.2f}-{cpus[-1]:.2f})")
+    if args.systems:
+        race_systems([s for s in args.systems.split(",") if s], lines=args.system_lines, repeat=args.repeat)
     return 0
 
 

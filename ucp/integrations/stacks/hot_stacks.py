@@ -1,0 +1,265 @@
+"""What hot recovery does differently per stack: the layout check, and filling the new layout.
+
+:func:`ucp.integrations.stacks.hot.run_hot` is one loop for every stack; the stack names
+two things. ``layout_check(stack, model, settings)`` is the planner's constraint (the
+layouts the stack's trainer accepts for this model). ``recover(ctx, plan, tiers)`` runs on
+every process of a re-formed generation and returns the rank's trainer, filled with the
+newest checkpoint held in memory (None on a rank left idle):
+
+* **megatron** (TP/PP/DP, the distributed optimizer): the new fragment maps come from the
+  UCL program, so every process (idle ones too, which may hold replicas) plans and
+  reshards in one group; then the training ranks form their own group, build the trainer
+  and take the tensors (:meth:`MegatronTrainer.load_tensors`).
+* **native** (FSDP2 + DTensor TP): a rank's fragment map is its DTensors' own boxes, which
+  exist only once the model is parallelised over a device mesh, and the mesh spans the
+  whole default group. So idle processes first hand over the arrays only they hold to a
+  training rank (:func:`ucp.replication.hot_reshard.hand_over`) and leave; the training
+  ranks form their group, build the model under the new layout (``init=False``: no
+  initial weights drawn) and reshard straight into its DTensors' local shards.
+* **deepspeed** (ZeRO 1-3, data parallel): the same order, since a DeepSpeed engine also
+  spans the default group; the map is the stack's UCL program, and the tensors are copied
+  into the new engine's flat partitions. DeepSpeed keeps its groups in module globals, which
+  are released first, or the new engine would reuse the old generation's.
+
+The model and optimizer objects are built anew in both: they hold the old generation's
+process groups (DTensor's device mesh, FSDP2's and the distributed optimizer's groups),
+which died with it, and torch has no call that rebinds a module to new groups. What
+survives is everything's bytes: a survivor's own shards come from its own memory.
+
+    check = layout_check("native", "", TrainSettings())
+    check(Layout.parse("tp=2"))      # raises for a layout the stack cannot run
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ucp.integrations.stacks.common import STATES, TrainSettings
+from ucp.layout import Layout
+
+__all__ = ["HOT_STACKS", "layout_check", "recover"]
+
+HOT_STACKS = ("megatron", "native", "deepspeed")
+
+
+def layout_check(stack: str, model: str, settings: TrainSettings) -> Callable[[Layout], None]:
+    """The planner's constraint: ``check(layout)`` raises when ``stack`` cannot run ``model`` under it."""
+    from ucp.integrations.llama.config import LlamaConfig
+
+    cfg = LlamaConfig.parse(model)
+    if stack == "megatron":
+        from ucp.integrations.megatron.trainer import MegatronTrainer
+
+        def check(layout: Layout) -> None:
+            MegatronTrainer._check(cfg, layout, settings)
+            if cfg.layers % layout.pp:
+                raise ValueError(f"pp={layout.pp} must divide the {cfg.layers} layers")
+
+        return check
+    if stack == "native":
+
+        def check(layout: Layout) -> None:  # what NativeTrainer refuses, checked without building it
+            if layout.ep > 1 or layout.vpp > 1 or layout.zero:
+                raise ValueError(f"the torch-native stack runs tp, pp, dp and cp only, not {layout}")
+            if cfg.heads % layout.tp or cfg.kv_heads % layout.tp:
+                raise ValueError(f"tp={layout.tp} must divide heads ({cfg.heads}) and kv_heads ({cfg.kv_heads})")
+            if cfg.seq_len % layout.cp:
+                raise ValueError(f"cp={layout.cp} must divide seq_len ({cfg.seq_len})")
+            if settings.global_batch < layout.dp:
+                raise ValueError(f"global_batch ({settings.global_batch}) must be at least dp ({layout.dp})")
+            if cfg.layers % layout.pp:
+                raise ValueError(f"pp={layout.pp} must divide the {cfg.layers} layers")
+
+        return check
+    if stack == "deepspeed":
+
+        def check(layout: Layout) -> None:  # what DeepSpeedTrainer refuses: ZeRO data parallelism only
+            if layout.world_size != layout.dp or layout.ep > 1 or layout.vpp > 1 or not layout.zero:
+                raise ValueError(f"the DeepSpeed stack runs dp=N with ZeRO stage 1, 2 or 3 only, not {layout}")
+
+        return check
+    raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {stack!r}")
+
+
+def recover(ctx, plan, tiers, complete: set[str]) -> tuple[Any, str | None]:
+    """This process's trainer under the new generation's layout, filled from the newest complete
+    checkpoint or snapshot held in memory (``complete``: the paths this process saw replicated on
+    every rank), and its path; ``(None, None)`` on a process left idle (it has left the group)."""
+    recover_stack = {"native": _recover_native, "deepspeed": _recover_deepspeed}.get(plan.stack, _recover_megatron)
+    return recover_stack(ctx, plan, tiers, complete)
+
+
+def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) -> None:
+    """Every training rank's reshard summary, to rank 0, which emits ``recovered`` (a collective)."""
+    import torch.distributed as dist
+
+    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
+               "path": report.path, "seconds": {"plan": report.plan_s, "transfer": report.transfer_s,
+                                                "storage": report.storage_s, **seconds}, **(extra or {})}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, summary)
+    if ctx.rank == 0:
+        ctx.emit("recovered", t=time.monotonic(), step=trainer.progress.step, position=trainer.progress.position,
+                 layout=str(ctx.membership.layout), ranks=everyone)
+
+
+def _recover_megatron(ctx, plan, tiers, complete):
+    import torch
+
+    from ucp import ucl
+    from ucp.integrations.llama.config import LlamaConfig
+    from ucp.integrations.megatron.trainer import megatron_program
+    from ucp.integrations.stacks.jobs import build_trainer
+    from ucp.replication.hot_reshard import reshard_from_memory
+    from ucp.spec import FragmentMap
+
+    m = ctx.membership
+    cfg = LlamaConfig.parse(plan.model)
+    masters: list[bool] = []
+
+    def make_target(logical: dict):
+        if not m.training:
+            return FragmentMap(rank=m.rank, logical={}), {}
+        masters.append(any(name.endswith("/fp32") for name in logical))
+        states = ("fp32", *STATES) if masters[0] else STATES
+        fmap = ucl.spec_for_load(megatron_program(cfg, states), m.layout, m.rank, logical)
+        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+        return fmap, into
+
+    began = time.perf_counter()
+    tree, into, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes,
+                                                  complete=complete)
+    if m.active < m.world:  # idle ranks leave; the training ones form their own group
+        if not m.training:
+            ctx.emit("idle", elements=report.elements)
+            ctx.leave()
+            return None, None
+        ctx.form("train", world=m.active)
+    resharded = time.perf_counter()
+    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
+    trainer.load_tensors(into, tree, has_masters=masters[0])
+    _announce(ctx, trainer, report, {"reshard": resharded - began, "build": time.perf_counter() - resharded})
+    return trainer, report.path
+
+
+def native_target(trainer, logical: dict):
+    """The load-direction fragment map of a built :class:`NativeTrainer` and its live local shards
+    to fill in place (the map :meth:`NativeTrainer.load` builds; masters taken from ``<name>/fp32``
+    where the checkpoint has them)."""
+    from ucp.geometry import Box
+    from ucp.integrations.stacks.common import master_name
+    from ucp.spec import FragmentMap, ShardPiece, TensorSpec
+
+    into, specs = {}, {}
+    for key, name, box, tensor in trainer._entries():
+        source = master_name(name, logical) if key.startswith("model/") else name
+        into[key] = tensor
+        specs[key] = TensorSpec(key, (ShardPiece(source, Box((0,) * box.ndim, box.sizes), box),))
+    used = {p.logical for spec in specs.values() for p in spec.pieces}
+    return FragmentMap(rank=trainer.rank, logical={n: t for n, t in logical.items() if n in used},
+                       tensors=specs), into
+
+
+def _build_first(ctx, plan, tiers, complete, fill):
+    """Recovery for a stack whose model must exist before its map does (native, DeepSpeed): idle
+    processes hand over and leave, the training ranks form their group, build, and reshard;
+    ``fill(trainer, logical) -> (fmap, into, finish)``, ``finish(tree)`` takes the tensors in."""
+    import torch
+
+    from ucp.integrations.llama.config import LlamaConfig
+    from ucp.integrations.stacks.jobs import build_trainer
+    from ucp.replication.hot_reshard import hand_over, reshard_from_memory
+
+    m = ctx.membership
+    began = time.perf_counter()
+    handed = 0
+    if m.active < m.world:
+        handed = hand_over(tiers, active=m.active, round_bytes=plan.round_bytes, complete=complete)
+        if not m.training:
+            ctx.emit("idle", handed_bytes=handed)
+            ctx.leave()
+            return None, None
+        ctx.form("train", world=m.active)
+    formed = time.perf_counter()
+    trainer = build_trainer(plan.stack, LlamaConfig.parse(plan.model), m.layout, plan.settings, rank=m.rank,
+                            init=False)
+    built = time.perf_counter()
+    finish: list = []
+
+    def make_target(logical: dict):
+        fmap, into, done = fill(trainer, logical)
+        finish.append(done)
+        return fmap, into
+
+    with torch.no_grad():
+        tree, _, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes, complete=complete)
+        finish[0](tree)
+    _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,
+                                     "reshard": time.perf_counter() - built}, {"handed_bytes": handed})
+    return trainer, report.path
+
+
+def _restore_progress(trainer, tree: dict, states) -> None:
+    """What a trainer's ``load`` does after its tensors: step, data position, Adam's step, RNG."""
+    import torch
+
+    from ucp.integrations.stacks.common import Progress
+
+    trainer.progress = Progress.from_tree(tree)
+    for state in states:
+        state["step"] = torch.tensor(float(trainer.progress.step))
+    Progress.restore_rng(tree, rank=trainer.rank, seed=trainer.settings.data_seed)
+
+
+def _fill_native(trainer, logical: dict):
+    fmap, into = native_target(trainer, logical)  # the live shards: filled in place
+    return fmap, into, lambda tree: _restore_progress(trainer, tree, trainer.optimizer.state.values())
+
+
+def _fill_deepspeed(trainer, logical: dict):
+    """DeepSpeedTrainer.load's map (the stack's UCL program) and, once read, its copies into the
+    engine's partitions (a ``load_tensors`` split of that method would share them)."""
+    import torch
+
+    from ucp import ucl
+
+    has_masters = any(name.endswith("/fp32") for name in logical)
+    fmap = ucl.spec_for_load(trainer.program(("fp32", *STATES) if has_masters else STATES), trainer.layout,
+                             trainer.rank, logical)
+    into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
+
+    def finish(tree: dict) -> None:
+        if trainer.layout.zero == 3:
+            trainer.optimizer.fp16_partitioned_groups_flat[0].copy_(into["module/flat_param"])
+        else:
+            for name, param in trainer.params.items():
+                param.copy_(into[f"module/{name}"])
+        (master,) = trainer._masters()
+        if has_masters:
+            master.copy_(into["optim/fp32/group0"])
+        else:  # fp32 training elsewhere: the parameters are the masters
+            trainer.optimizer.refresh_fp32_params()
+        for s in STATES:
+            trainer._adam.state[master][s].copy_(into[f"optim/{s}/group0"])
+        _restore_progress(trainer, tree, trainer._adam.state.values())
+
+    return fmap, into, finish
+
+
+def _recover_native(ctx, plan, tiers, complete):
+    return _build_first(ctx, plan, tiers, complete, _fill_native)
+
+
+def _recover_deepspeed(ctx, plan, tiers, complete):
+    from ucp.integrations.deepspeed.trainer import import_deepspeed
+
+    import_deepspeed()
+    from deepspeed.utils import groups
+
+    # DeepSpeed keeps the groups it made in module globals (deepspeed.utils.groups); a new engine
+    # would reuse the old generation's, now destroyed ("Group ... is not registered"). Its own
+    # destroy_process_group releases them; the elastic context destroyed torch's groups directly.
+    groups._release_process_group_references(None)
+    return _build_first(ctx, plan, tiers, complete, _fill_deepspeed)
