@@ -159,3 +159,16 @@ def test_the_rl_observation_shows_speed_free_memory_and_shard_size():
     expected_memory = [min(m / (2 * frag.nbytes / 1e9), 1.0) for m in (10, 40, 10, 10)]
     assert nodes[:, 12].tolist() == pytest.approx(expected_memory)
     assert obs[-1] == pytest.approx(np.log2(frag.nbytes / (50e9 / 4)) / 2)  # the shard against the mean
+
+
+def test_the_rl_builder_replicates_shards_of_unequal_float_sizes():
+    # Regression: the budget mask used an absolute 1e-6 slack; with unequal float shard sizes the
+    # budget and the deficit (sums in different orders) differ by ~1e-5 and a shard was skipped.
+    from ucp.replication.rl_env import PlacementBuilder
+
+    instance = small_instance(seed=2, hetero=True)
+    builder = PlacementBuilder(instance.request, instance.view, max_nodes=4)
+    while not builder.done:
+        mask = builder.action_masks()
+        builder.apply(int(np.flatnonzero(mask[:-1])[0]) if mask[:-1].any() else len(mask) - 1)
+    validate_placement(instance.request, instance.view, builder.placement())

@@ -184,7 +184,8 @@ def allocate_counts(request: PlacementRequest, risk: dict[str, float]) -> dict[s
     heapq.heapify(heap)
     while heap:
         _, i, frag = heapq.heappop(heap)
-        if frag.nbytes > budget + 1e-6 or counts[frag.fragment_id] >= request.max_replicas:
+        # relative slack: the budget is a float sum of unequal sizes (validate_placement allows 1e-9 too)
+        if frag.nbytes > budget + 1e-9 * request.budget_bytes or counts[frag.fragment_id] >= request.max_replicas:
             continue
         counts[frag.fragment_id] += 1
         budget -= frag.nbytes

@@ -134,7 +134,9 @@ class PlacementBuilder:
         chosen = self.sites[frag.fragment_id]
         count = len(chosen)
         owed = self.deficit - (frag.nbytes if count < self.request.min_replicas else 0.0)
-        if count <= self.round and count < self.request.max_replicas and self.budget - frag.nbytes >= owed - 1e-6:
+        # a relative slack: budget and deficit are sums of unequal float sizes taken in different orders
+        slack = 1e-9 * self.request.budget_bytes
+        if count <= self.round and count < self.request.max_replicas and self.budget - frag.nbytes >= owed - slack:
             ok = self.alive.copy()
             ok[frag.owner] = False
             for site in chosen:
