@@ -14,6 +14,7 @@ MODULES = [
     "ucp.reliability.ettr.tracker",
     "ucp.reliability.ettr.adaptive",
     "ucp.reliability.ettr.report",
+    "ucp.reliability.ettr.measured",
 ]
 
 

@@ -54,7 +54,7 @@ def _ok_sites():
 @pytest.mark.parametrize("change, message", [
     ({"shard-0": (ReplicaSite(0, "memory"),)}, "shard-0: a replica on its owner node 0"),
     ({"shard-0": (ReplicaSite(2, "memory"), ReplicaSite(2, "disk"))}, "shard-0: two replicas on one node ([2, 2])"),
-    ({"shard-0": ()}, "shard-0: 0 replicas, the request allows 1..3"),
+    ({"shard-0": ()}, "shard-0: 0 replicas, the request allows 1..3, and node 1 disk still has room for it"),
     ({"shard-0": (ReplicaSite(9, "memory"),)}, "shard-0: node 9 is not in the cluster"),
     ({"shard-0": (ReplicaSite(2, "tape"),)}, "shard-0: unknown tier 'tape' (use memory, disk)"),
     ({"shard-1": (ReplicaSite(2, "memory"),)}, "node 2 memory: 20000000000 bytes placed, 10000000000 free"),

@@ -80,8 +80,8 @@ def _shipped_parts():
                                             "retrain the policy with `ucp place train`"),
     (lambda t, c: c.update(max_nodes=10**9), "configuration field 'max_nodes' must be an integer in 2..1024, got "
                                              "1000000000; retrain the policy"),
-    (lambda t, c: c.update(node_features=12), "trained for 12 node and 10 global features, this version observes 11 "
-                                              "and 10; retrain it with `ucp place train`"),
+    (lambda t, c: c.update(node_features=12), "trained for 12 node and 11 global features, this version observes 13 "
+                                              "and 11; retrain it with `ucp place train`"),
     (lambda t, c: t.pop("policy/value_net.bias"), "lacks tensor 'policy/value_net.bias'"),
     (lambda t, c: t.update({"evil/x": torch.zeros(1)}), "unexpected tensor 'evil/x'"),
     (lambda t, c: t.update({"policy/value_net.bias": torch.zeros(3)}),

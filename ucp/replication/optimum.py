@@ -20,13 +20,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ucp.replication.cluster import TIERS, ClusterSpec
-from ucp.replication.placement import ClusterView, Placement, PlacementRequest, ReplicaSite, validate_placement
+from ucp.replication.placement import (ClusterView, FragmentRequest, Placement, PlacementRequest, ReplicaSite,
+                                       validate_placement)
 from ucp.replication.published_rates import LLAMA3_SWITCH_CABLE, LLAMA3_UNEXPECTED
 from ucp.replication.recovery import recover
 from ucp.replication.errors import PlacementError
@@ -43,13 +45,30 @@ class Instance:
     cases: tuple[tuple[frozenset, float], ...]
 
 
-def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC) -> Instance:
-    """Heterogeneous forecasts (log-uniform 1e-4..1e-1 per node), a random remote staleness."""
+def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC, hetero: bool = False, io=None) -> Instance:
+    """Heterogeneous forecasts (log-uniform 1e-4..1e-1 per node), a random remote staleness.
+
+    ``hetero``: also shard sizes (x0.5..x2), capacities (memory 0.5..2.5 shards, disk 1..3),
+    one slow node (speed 0.25) and ``io`` (default: the shipped measured cost model).
+    """
     rng = np.random.default_rng(seed)
     probs = 10.0 ** rng.uniform(-4, -1, spec.nodes)
+    stale = int(rng.integers(0, spec.remote_every))
     view = ClusterView.uniform(spec, probs)
-    request = PlacementRequest.one_per_node(spec, replicas=1, max_replicas=1,
-                                            intervals_since_remote=int(rng.integers(0, spec.remote_every)))
+    request = PlacementRequest.one_per_node(spec, replicas=1, max_replicas=1, intervals_since_remote=stale)
+    if hetero:
+        from ucp.replication.io_cost import IoCostModel
+
+        shard = spec.shard_bytes * np.exp(rng.uniform(np.log(0.5), np.log(2.0), spec.nodes))
+        memory = spec.shard_bytes * rng.uniform(0.5, 2.5, spec.nodes)
+        disk = spec.shard_bytes * rng.uniform(1.0, 3.0, spec.nodes)
+        speed = np.ones(spec.nodes)
+        speed[rng.integers(spec.nodes)] = 0.25
+        view = ClusterView(tuple(dataclasses.replace(s, memory_free_bytes=float(memory[i]),
+                                                     disk_free_bytes=float(disk[i]), speed=float(speed[i]))
+                                 for i, s in enumerate(view.nodes)), spec, io or IoCostModel.shipped())
+        request = PlacementRequest(tuple(FragmentRequest(f"shard-{i}", i, float(shard[i])) for i in range(spec.nodes)),
+                                   replicas=1, max_replicas=1, intervals_since_remote=stale)
     share = LLAMA3_SWITCH_CABLE / LLAMA3_UNEXPECTED
     rack_p = share / (1 - share) * float(probs.sum()) / spec.racks
     cases = [(frozenset([i]), float(p)) for i, p in enumerate(probs)]
@@ -59,8 +78,8 @@ def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC) -> Instance:
 
 def expected_seconds(instance: Instance, placement: Placement) -> float:
     """Expected recovery seconds of one interval under the instance's failure cases."""
-    spec = instance.view.spec
-    return sum(p * recover(instance.request, placement, spec=spec, lost=lost, unavailable=lost).seconds
+    spec, times = instance.view.spec, instance.view.times
+    return sum(p * recover(instance.request, placement, spec=spec, lost=lost, unavailable=lost, times=times).seconds
                for lost, p in instance.cases)
 
 
@@ -69,26 +88,31 @@ def optimum(instance: Instance) -> tuple[Placement, float]:
     request, view = instance.request, instance.view
     if request.min_replicas != 1 or request.max_replicas != 1 or len(request.fragments) > 6:
         raise PlacementError("exhaustive search is for small instances with exactly one replica per shard")
-    choices = [[ReplicaSite(n, tier) for n in range(len(view.nodes)) if n != frag.owner for tier in TIERS]
+    choices = [[ReplicaSite(n, tier) for n in range(len(view.nodes)) if n != frag.owner for tier in TIERS
+                if frag.nbytes <= view.free_bytes(n, tier) * (1 + 1e-9)]
                for frag in request.fragments]
     best, best_cost = None, float("inf")
     for combo in itertools.product(*choices):
-        used = set()
-        if any((site.node, site.tier) in used or used.add((site.node, site.tier)) for site in combo):
-            continue  # one shard per slot: every slot here holds exactly one shard
+        used: dict = {}
+        for frag, site in zip(request.fragments, combo):
+            used[(site.node, site.tier)] = used.get((site.node, site.tier), 0.0) + frag.nbytes
+        if any(nbytes > view.free_bytes(*where) * (1 + 1e-9) for where, nbytes in used.items()):
+            continue  # capacity binds: the placement does not fit
         placement = Placement({f.fragment_id: (site,) for f, site in zip(request.fragments, combo)})
         cost = expected_seconds(instance, placement)
         if cost < best_cost - 1e-12:
             best, best_cost = placement, cost
+    if best is None:
+        raise PlacementError("no placement of this instance fits the nodes' capacity (every shard needs one replica)")
     validate_placement(request, view, best)
     return best, best_cost
 
 
-def optimum_gaps(policies, *, seeds: int) -> dict[str, list[float]]:
+def optimum_gaps(policies, *, seeds: int, hetero: bool = False, io=None) -> dict[str, list[float]]:
     """Per policy, ``expected_seconds(policy) / optimum - 1`` on ``seeds`` small instances."""
     gaps: dict[str, list[float]] = {p.name: [] for p in policies}
     for seed in range(seeds):
-        instance = small_instance(seed=seed)
+        instance = small_instance(seed=seed, hetero=hetero, io=io)
         _, best = optimum(instance)
         for policy in policies:
             placement = policy.place(instance.request, instance.view)

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from ucp.replication.cluster import MEMORY, TIERS, ClusterSpec
 from ucp.replication.errors import PlacementError, PlacementInputError
+from ucp.replication.transfer_times import TransferTimes
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,12 @@ class PlacementRequest:
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node as a policy sees it. ``failure_probability``: forecast for the next interval."""
+    """One node as a policy sees it. ``failure_probability``: forecast for the next interval.
+
+    ``speed`` scales the node's transfer rates (its NIC and devices): 1 is the cluster's
+    nominal node, 0.25 one that serves reads four times slower. ``alive`` is False for a
+    node that failed or has left the job (churn): it holds nothing and gets nothing.
+    """
 
     node: int
     rack: int
@@ -88,14 +94,29 @@ class NodeState:
     memory_free_bytes: float = 0.0
     disk_free_bytes: float = 0.0
     failure_probability: float = 0.0
+    speed: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise PlacementInputError(f"node {self.node}: speed must be > 0, got {self.speed}")
 
 
 @dataclass(frozen=True)
 class ClusterView:
-    """The cluster at placement time: nodes, tier bandwidths, the recovery timing constants."""
+    """The cluster at placement time: nodes, the recovery timing constants, how long reads take.
+
+    ``io``: a measured cost model (:class:`~ucp.replication.io_cost.IoCostModel`) whose
+    predictions replace the spec's bandwidth constants; None keeps the constants.
+    """
 
     nodes: tuple[NodeState, ...]
     spec: ClusterSpec
+    io: object | None = None
+
+    @property
+    def times(self) -> TransferTimes:
+        """Restore times per node and tier (:mod:`ucp.replication.transfer_times`)."""
+        return TransferTimes(self.spec, tuple(s.speed for s in self.nodes), self.io)
 
     def free_bytes(self, node: int, tier: str) -> float:
         state = self.nodes[node]
@@ -151,7 +172,12 @@ class LearningPolicy(PlacementPolicy, Protocol):
 
 
 def validate_placement(request: PlacementRequest, view: ClusterView, placement: Placement) -> None:
-    """Raise :class:`PlacementError` unless the placement obeys every rule of the request and view."""
+    """Raise :class:`PlacementError` unless the placement obeys every rule of the request and view.
+
+    Capacity binds: a fragment may stay below ``min_replicas`` only when no allowed site
+    has room left for it once the placement is made (a heterogeneous cluster can run out);
+    it then recovers from the remote store, or loses data, which is the placement's penalty.
+    """
     known = {f.fragment_id for f in request.fragments}
     extra = sorted(set(placement.sites) - known)
     if extra:
@@ -159,7 +185,7 @@ def validate_placement(request: PlacementRequest, view: ClusterView, placement: 
     used: dict[tuple[int, str], float] = {}
     for frag in request.fragments:
         sites = placement.sites.get(frag.fragment_id, ())
-        if not request.min_replicas <= len(sites) <= request.max_replicas:
+        if len(sites) > request.max_replicas:
             raise PlacementError(
                 f"{frag.fragment_id}: {len(sites)} replicas, the request allows "
                 f"{request.min_replicas}..{request.max_replicas}")
@@ -183,3 +209,16 @@ def validate_placement(request: PlacementRequest, view: ClusterView, placement: 
     total = placement.replica_bytes(request)
     if total > request.budget_bytes * (1 + 1e-9):
         raise PlacementError(f"placement uses {total:.0f} replica bytes, the budget is {request.budget_bytes:.0f}")
+    for frag in request.fragments:
+        sites = placement.sites.get(frag.fragment_id, ())
+        if len(sites) >= request.min_replicas:
+            continue
+        held = {s.node for s in sites}
+        room = [(s.node, tier) for s in view.nodes if s.alive and s.node != frag.owner and s.node not in held
+                for tier in TIERS if view.free_bytes(s.node, tier) - used.get((s.node, tier), 0.0)
+                >= frag.nbytes * (1 - 1e-9)]
+        if room:
+            node, tier = room[0]
+            raise PlacementError(
+                f"{frag.fragment_id}: {len(sites)} replicas, the request allows "
+                f"{request.min_replicas}..{request.max_replicas}, and node {node} {tier} still has room for it")

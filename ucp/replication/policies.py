@@ -184,7 +184,8 @@ def allocate_counts(request: PlacementRequest, risk: dict[str, float]) -> dict[s
     heapq.heapify(heap)
     while heap:
         _, i, frag = heapq.heappop(heap)
-        if frag.nbytes > budget + 1e-6 or counts[frag.fragment_id] >= request.max_replicas:
+        # relative slack: the budget is a float sum of unequal sizes (validate_placement allows 1e-9 too)
+        if frag.nbytes > budget + 1e-9 * request.budget_bytes or counts[frag.fragment_id] >= request.max_replicas:
             continue
         counts[frag.fragment_id] += 1
         budget -= frag.nbytes
@@ -201,7 +202,7 @@ class GreedyForecast:
     name: str = "greedy"
 
     def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
-        spec = view.spec
+        spec, times = view.spec, view.times
         prob = {s.node: s.failure_probability for s in view.nodes}
         rack = {s.node: s.rack for s in view.nodes}
         # equal forecasts must not favour low node ids: ties break by fragment order
@@ -214,13 +215,13 @@ class GreedyForecast:
         for frag in (f for k in range(request.max_replicas) for f in by_risk if counts[f.fragment_id] > k):
             chosen = sites[frag.fragment_id]
             # what a lost replica costs: the remote store, or the rework back to its stale copy
-            fallback = frag.nbytes / spec.remote_bandwidth_bps + request.intervals_since_remote * spec.interval_s
+            fallback = times.remote_seconds(frag.nbytes, frag.nbytes) + request.intervals_since_remote * spec.interval_s
             used_racks = {rack[frag.owner]} | {rack[s.node] for s in chosen}
             options = []
             for node in _candidates(view, free, frag, chosen):
                 tier = free.tier(node, frag.nbytes)
                 p = prob[node]
-                expected = (1 - p) * frag.nbytes / spec.bandwidth(tier) + p * fallback
+                expected = (1 - p) * times.peer_seconds(node, tier, frag.nbytes) + p * fallback
                 # fewer replicas held first: two lost owners never queue on one source
                 options.append((rack[node] in used_racks, round(expected, 6), held.get(node, 0), node, tier))
             if not options:

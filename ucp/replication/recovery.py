@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ucp.replication.cluster import ClusterSpec
 from ucp.replication.placement import Placement, PlacementRequest
+from ucp.replication.transfer_times import TransferTimes
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,14 @@ class Recovery:
 
 
 def recover(request: PlacementRequest, placement: Placement, *, spec: ClusterSpec, lost: frozenset,
-            unavailable: frozenset, intervals_since_remote: int | None = None) -> Recovery:
-    """Recovery after ``lost`` fail; replicas on ``unavailable`` (a superset of ``lost``) are gone."""
+            unavailable: frozenset, intervals_since_remote: int | None = None,
+            times: TransferTimes | None = None) -> Recovery:
+    """Recovery after ``lost`` fail; replicas on ``unavailable`` (a superset of ``lost``) are gone.
+
+    ``times`` gives per-node and per-tier read times (a view's ``times``: node speeds, the
+    measured cost model); None: every node at the spec's bandwidth constants.
+    """
+    times = times or TransferTimes(spec)
     stale = request.intervals_since_remote if intervals_since_remote is None else intervals_since_remote
     needed = [f for f in request.fragments if f.owner in lost]
     options = []
@@ -66,11 +73,12 @@ def recover(request: PlacementRequest, placement: Placement, *, spec: ClusterSpe
             remote_bytes += frag.nbytes
             remote_largest = max(remote_largest, frag.nbytes)
             continue
-        best = min(survivors, key=lambda s: (busy.get(s.node, 0.0) + frag.nbytes / spec.bandwidth(s.tier), s.node))
-        busy[best.node] = busy.get(best.node, 0.0) + frag.nbytes / spec.bandwidth(best.tier)
+        cost = {s: times.peer_seconds(s.node, s.tier, frag.nbytes) for s in survivors}
+        best = min(survivors, key=lambda s: (busy.get(s.node, 0.0) + cost[s], s.node))
+        busy[best.node] = busy.get(best.node, 0.0) + cost[best]
     if missing and stale > 0:
         every = [f.nbytes for f in request.fragments]
-        reload = max(max(every) / spec.remote_bandwidth_bps, sum(every) / spec.remote_aggregate_bps)
+        reload = times.remote_seconds(max(every), sum(every))
         return Recovery(spec.restart_s + reload + stale * spec.interval_s, True, True, useful, stale * spec.interval_s)
-    remote_s = max(remote_largest / spec.remote_bandwidth_bps, remote_bytes / spec.remote_aggregate_bps)
+    remote_s = times.remote_seconds(remote_largest, remote_bytes)
     return Recovery(spec.restart_s + max([remote_s, *busy.values()]), missing, False, useful)

@@ -13,9 +13,9 @@ masked (:meth:`PlacementEnv.action_masks`, for sb3-contrib's MaskablePPO); an
 unmasked agent that takes one anyway gets a penalty of -1 and no state change.
 
 The observation is permutation-friendly: per-node features relative to the
-current fragment (rack relations, forecast, free tiers, load, valid actions),
+current fragment (rack relations, forecast, free tiers, load, valid actions, speed),
 then global features (owner risk, budget, staleness of the remote copy, tier
-speeds). Clusters of up to ``max_nodes`` nodes fit, padded.
+speeds, the fragment's size against the mean). Clusters of up to ``max_nodes`` nodes fit, padded.
 
 Reward: the change of a potential, minus the expected recovery time of the
 partial placement over *failure cases* (sets of lost nodes with weights), in
@@ -42,13 +42,13 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 
-from ucp.replication.cluster import DISK, MEMORY, ClusterSpec
+from ucp.replication.cluster import DISK, MEMORY, REMOTE, ClusterSpec
 from ucp.replication.placement import ClusterView, Placement, PlacementRequest, ReplicaSite
 from ucp.replication.recovery import recover
 
 MAX_NODES = 32
-NODE_FEATURES = 11
-GLOBAL_FEATURES = 10
+NODE_FEATURES = 13
+GLOBAL_FEATURES = 11
 _TIERS = (MEMORY, DISK)
 _BURST_SAMPLES = 4
 
@@ -98,9 +98,12 @@ class PlacementBuilder:
             self.fragments_of.setdefault(frag.owner, []).append(frag.fragment_id)
         self.k = 0  # position
         self._mask: np.ndarray | None = None
-        t_remote = spec.shard_bytes / spec.remote_bandwidth_bps
-        self._spec_features = [spec.shard_bytes / spec.memory_bandwidth_bps / t_remote,
-                               spec.shard_bytes / spec.disk_bandwidth_bps / t_remote,
+        self.times = view.times
+        self.speed = np.array([s.speed for s in view.nodes])
+        self.mean_bytes = float(np.mean([f.nbytes for f in self.order])) if self.order else spec.shard_bytes
+        t_remote = self.times.tier_seconds(REMOTE, self.mean_bytes)
+        self._spec_features = [self.times.tier_seconds(MEMORY, self.mean_bytes) / t_remote,
+                               self.times.tier_seconds(DISK, self.mean_bytes) / t_remote,
                                min(request.intervals_since_remote * spec.interval_s / t_remote / 30.0, 2.0)]
         self._skip_forced()
 
@@ -131,7 +134,9 @@ class PlacementBuilder:
         chosen = self.sites[frag.fragment_id]
         count = len(chosen)
         owed = self.deficit - (frag.nbytes if count < self.request.min_replicas else 0.0)
-        if count <= self.round and count < self.request.max_replicas and self.budget - frag.nbytes >= owed - 1e-6:
+        # a relative slack: budget and deficit are sums of unequal float sizes taken in different orders
+        slack = 1e-9 * self.request.budget_bytes
+        if count <= self.round and count < self.request.max_replicas and self.budget - frag.nbytes >= owed - slack:
             ok = self.alive.copy()
             ok[frag.owner] = False
             for site in chosen:
@@ -155,7 +160,6 @@ class PlacementBuilder:
         rack_used = np.zeros(n, dtype=bool)
         for site in chosen:
             rack_used |= self.rack == self.rack[site.node]
-        slots = self.view.spec.disk_slots * self.view.spec.shard_bytes or 1.0
         nodes[:n, 0] = self.alive
         nodes[frag.owner, 1] = 1.0
         nodes[:n, 2] = self.rack == self.rack[frag.owner]
@@ -163,16 +167,19 @@ class PlacementBuilder:
         nodes[:n, 4] = holder
         nodes[:n, 5] = self.risk
         nodes[:n, 6] = self.free[:, 0] >= frag.nbytes
-        nodes[:n, 7] = np.clip(self.free[:, 1] / slots, 0.0, 1.0)
+        nodes[:n, 7] = np.clip(self.free[:, 1] / (4.0 * frag.nbytes), 0.0, 1.0)
         nodes[:n, 8] = self.held / 3.0
         nodes[:n, 9] = mask[0: 2 * n: 2]
         nodes[:n, 10] = mask[1: 2 * n: 2]
+        nodes[:n, 11] = np.clip(np.log2(self.speed) / 2.0, -1.5, 1.5)  # heterogeneity: slow nodes read slowly
+        nodes[:n, 12] = np.clip(self.free[:, 0] / (2.0 * frag.nbytes), 0.0, 1.0)
         mean_p = float(self.prob.mean())
         glob[:] = [self.risk[frag.owner], len(chosen) / self.request.max_replicas,
                    self.budget / (len(self.order) * frag.nbytes), self.round / self.request.max_replicas,
                    (self.k % len(self.order)) / len(self.order),
                    min(max(math.log10(max(self.prob[frag.owner], 1e-5) / max(mean_p, 1e-5)), -2.0), 2.0),
-                   _risk_scale(mean_p), *self._spec_features]
+                   _risk_scale(mean_p), *self._spec_features,
+                   min(max(math.log2(frag.nbytes / self.mean_bytes), -2.0), 2.0) / 2.0]
         return np.concatenate([nodes.ravel(), glob]).astype(np.float32)
 
     # -- transitions --------------------------------------------------------------------
@@ -308,7 +315,8 @@ class PlacementEnv(gym.Env):
         # choices that are decisions (which tier, which rack) under large, fixed jumps.
         placed = frozenset(o for o in case.lost if any(b.sites[fid] for fid in b.fragments_of.get(o, ())))
         partial = SimpleNamespace(sites=b.sites)
-        seconds = recover(b.request, partial, spec=b.view.spec, lost=placed, unavailable=case.unavailable).seconds
+        seconds = recover(b.request, partial, spec=b.view.spec, lost=placed, unavailable=case.unavailable,
+                          times=b.times).seconds
         return seconds / b.view.spec.interval_s
 
     def potential(self) -> float:

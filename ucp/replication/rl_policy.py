@@ -82,18 +82,26 @@ def _new_model(config, *, seed: int):
     return model
 
 
-def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_intervals: int = 3000):
-    """Synthetic scenarios for offline training, with forecasts as the evaluation makes them."""
-    from ucp.replication.scenarios import RL_TRAIN_SEED, SYNTHETIC, TRAINING_ONLY, build_scenario, pretrained_forecaster
+def training_scenarios(*, seed: int, intervals: int, spec=None, pretrain_intervals: int = 3000, io=None):
+    """Synthetic scenarios for offline training, with forecasts as the evaluation makes them.
+
+    The training families only (never a ``HELD_OUT`` one), on seeds no evaluation uses.
+    """
+    from ucp.replication.scenarios import (HETERO_TRAINING, RL_TRAIN_SEED, SYNTHETIC, TRAINING_ONLY, build_scenario,
+                                           pretrained_forecaster)
 
     forecaster = pretrained_forecaster(spec=spec, intervals=pretrain_intervals)
     return [build_scenario(family, intervals=intervals, seed=RL_TRAIN_SEED + 10 * seed + i, forecaster=forecaster,
-                           spec=spec) for i, family in enumerate(SYNTHETIC + TRAINING_ONLY)]
+                           spec=spec, io=io)
+            for i, family in enumerate(SYNTHETIC + TRAINING_ONLY + HETERO_TRAINING)]
 
 
 def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=None, max_nodes: int = MAX_NODES,
-                 pretrain_intervals: int = 3000, scenarios=None, progress=None):
-    """Train MaskablePPO from scratch; returns the model (``model.save(path)`` to keep it)."""
+                 pretrain_intervals: int = 3000, scenarios=None, progress=None, io=None):
+    """Train MaskablePPO from scratch; returns the model (``model.save(path)`` to keep it).
+
+    ``io``: the I/O cost model the training scenarios' read times come from (None: constants).
+    """
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -106,7 +114,7 @@ def train_policy(*, timesteps: int, seed: int = 0, intervals: int = 2000, spec=N
             return True
 
     scenarios = scenarios or training_scenarios(seed=seed, intervals=intervals, spec=spec,
-                                                pretrain_intervals=pretrain_intervals)
+                                                pretrain_intervals=pretrain_intervals, io=io)
     source = SimulatedEpisodes(scenarios)
     with _one_thread():
         envs = _vec(lambda: PlacementEnv(source=source, max_nodes=max_nodes))

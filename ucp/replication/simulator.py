@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,18 @@ from ucp.replication.recovery import Recovery, recover
 
 @dataclass(frozen=True, eq=False)
 class Scenario:
-    """A trace, the ``(T, N)`` forecasts every policy is shown, and the replica budget."""
+    """A trace, the ``(T, N)`` forecasts every policy is shown, and the replica budget.
+
+    ``hetero``: per-node speed, capacity, shard sizes and churn
+    (:mod:`ucp.replication.heterogeneity`; None: every node alike and always present);
+    ``io``: the measured I/O cost model every read time comes from (None: the spec's constants).
+    """
 
     trace: Trace
     forecasts: np.ndarray
     replicas: int = 2
+    hetero: object | None = None
+    io: object | None = None
 
     @classmethod
     def without_forecasts(cls, trace: Trace, *, replicas: int = 2) -> "Scenario":
@@ -48,11 +56,16 @@ class Scenario:
 
     def request(self, t: int) -> PlacementRequest:
         spec = self.trace.spec
+        if self.hetero is not None:
+            return self.hetero.request(spec, t, replicas=self.replicas, intervals_since_remote=t % spec.remote_every)
         return PlacementRequest.one_per_node(spec, replicas=self.replicas,
                                              intervals_since_remote=t % spec.remote_every)
 
     def view(self, t: int) -> ClusterView:
-        return ClusterView.uniform(self.trace.spec, self.forecasts[t])
+        if self.hetero is not None:
+            return self.hetero.view(self.trace.spec, t, self.forecasts[t], io=self.io)
+        view = ClusterView.uniform(self.trace.spec, self.forecasts[t])
+        return view if self.io is None else dataclasses.replace(view, io=self.io)
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,8 @@ def run_interval(policy: PlacementPolicy, scenario: Scenario, t: int) -> Interva
     recoveries = []
     for lost in events:
         gone = gone | lost
-        recoveries.append(recover(request, placement, spec=scenario.trace.spec, lost=lost, unavailable=gone))
+        recoveries.append(recover(request, placement, spec=scenario.trace.spec, lost=lost, unavailable=gone,
+                                  times=view.times))
     return IntervalOutcome(t, request, view, placement, events, tuple(recoveries))
 
 
@@ -178,8 +192,9 @@ def simulate_expected(policy: PlacementPolicy, scenario: Scenario, *, progress=N
         validate_placement(request, view, placement)
         result.intervals += 1
         result.held_bytes += placement.replica_bytes(request)
+        times = view.times
         for lost, weight in hazard_cases(trace, t):
-            result.add(recover(request, placement, spec=trace.spec, lost=lost, unavailable=lost), weight)
+            result.add(recover(request, placement, spec=trace.spec, lost=lost, unavailable=lost, times=times), weight)
         if progress is not None:
             progress()
     return result

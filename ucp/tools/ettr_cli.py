@@ -5,6 +5,7 @@ A thin wrapper over :mod:`ucp.reliability.ettr.report` (argument parsing and the
     ucp ettr --gpus 16000 --failures-per-1000-node-days 6.5 --restart-min 5 --save-min 1
     ucp ettr --nodes 128 --from-logs analysis.json --save-min 0.5 --interval-min 30 --json -
     ucp ettr --nodes 64 --mttf-hours 12 --save-min 2 --plot ettr.png --simulate
+    ucp ettr --gpus 16384 --llama3 --measured          # restart vs hot recovery, costs from the recovery bench
 
 Exit codes: 0 ok; 1 ``--require-ettr`` not met; 2 usage or input error, including a job that
 cannot make progress (E[ETTR] 0 at every interval: failures come faster than restarts).
@@ -24,7 +25,11 @@ _EPILOG = """\
 Units: the failure rate is per node-day (as Kokolis et al. 2024 quote it, per 1000
 node-days); every time is in minutes. --mttf-hours is the MTTF of the whole job.
 --from-logs reads `ucp logs analyze --json` output (rates.failures_per_1000_node_days,
-or fits.exponential.mttf_hours with rates.nodes).
+or fits.exponential.mttf_hours with rates.nodes). --llama3: Llama 3's published rate,
+419 unexpected interruptions in 54 days on 16,384 GPUs (3.79 per 1000 node-days at 8 GPUs
+per node). --measured compares the recovery systems with the restart and background-save
+costs of the recovery bench's summary (default: the one shipped with ucp), recovery times
+extrapolated to the job's GPU count as docs/ETTR.md ("Measured costs") says.
 """
 
 
@@ -45,6 +50,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     rate.add_argument("--failures-per-1000-node-days", type=float, metavar="R", help="per-node failure rate")
     rate.add_argument("--mttf-hours", type=float, metavar="H", help="mean time to failure of the whole job")
     rate.add_argument("--from-logs", metavar="FILE.json", help="failure rate from `ucp logs analyze --json`")
+    rate.add_argument("--llama3", action="store_true", help="Llama 3's rate (419 interruptions, 54 days, 16k GPUs)")
+    parser.add_argument("--measured", nargs="?", const="", metavar="FILE.json",
+                        help="compare recovery systems with costs from a recovery-bench summary "
+                        "(no FILE: the shipped one); ignores --restart-min and --save-min")
+    parser.add_argument("--size", default="1gib", help="--measured: the bench's model size (default %(default)s)")
+    parser.add_argument("--scenario", default="spare", choices=("spare", "shrink"),
+                        help="--measured: the bench's transition (default %(default)s)")
     parser.add_argument("--save-min", type=float, default=0.0, metavar="W", help="blocking save time (default 0)")
     parser.add_argument("--restart-min", type=float, default=5.0, metavar="U", help="restart cost (default 5)")
     parser.add_argument("--queue-min", type=float, default=0.0, metavar="Q", help="queue wait per restart (default 0)")
@@ -100,17 +112,68 @@ def _print_table(report: dict) -> None:
         out.print("No blocking save cost: shorter intervals are always better (Young/Daly give 0).")
 
 
+def _print_measured(report: dict) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=(
+        f"{report['gpus']} GPUs ({report['nodes']} nodes), {report['failures_per_1000_node_days']:.3g} failures/1000 "
+        f"node-days (job MTTF {report['job_mttf_hours']:.2f} h); costs: {report['size']} {report['scenario']} "
+        f"measured on {report['measured_world']} ranks"))
+    for column in ("system", "recovery s (measured)", f"recovery s at {report['gpus']} GPUs", "downtime s",
+                   "save cost s", "optimal interval (min)", "E[ETTR] at optimal"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    if "interval_min" in report:
+        table.add_column(f"E[ETTR] at {report['interval_min']:g} min", justify="right")
+    for row in report["systems"]:
+        cells = [row["system"], f"{row['recovery_measured_s']:.2f}", f"{row['recovery_at_gpus_s']:.2f}",
+                 f"{row['downtime_s']:.2f}", f"{row['save_cost_s']:.2f}", f"{row['optimal_interval_s'] / 60:.2f}",
+                 f"{row['ettr_at_optimal']:.5f}"]
+        if "ettr_at_interval" in row:
+            cells.append(f"{row['ettr_at_interval']:.5f}")
+        table.add_row(*cells)
+    out.print(table)
+    out.print(f"costs from {report['costs_file']}; recovery extrapolated: coordination parts (re-form, restart) "
+              f"x log2({report['gpus']})/log2({report['measured_world']}), the rest as measured (same state per "
+              "rank); save cost = background snapshot + slowed steps")
+
+
+def _run_measured(args: argparse.Namespace, job, interval_s: float | None) -> dict:
+    from ucp.reliability.ettr.measured import MeasuredCosts, compare_systems
+
+    costs = MeasuredCosts.load(args.measured or None, size=args.size, scenario=args.scenario)
+    gpus = args.gpus if args.gpus is not None else job.nodes * args.gpus_per_node
+    report = {"gpus": gpus, "nodes": job.nodes, "failures_per_1000_node_days": job.failures_per_node_day * 1000,
+              "job_mttf_hours": job.mttf_s / 3600, "costs_file": costs.source, "size": costs.size,
+              "scenario": costs.scenario, "measured_world": costs.world, "state_bytes": costs.state_bytes,
+              "systems": compare_systems(costs, job, gpus=gpus, interval_s=interval_s)}
+    if interval_s is not None:
+        report["interval_min"] = interval_s / 60
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
+    from ucp.reliability.ettr.measured import llama3_failures_per_1000_node_days
     from ucp.reliability.ettr.model import ETTRInputError
     from ucp.reliability.ettr.report import compute_report, job_from_inputs, plot_report
 
     try:
+        rate = args.failures_per_1000_node_days
+        if args.llama3:
+            rate = llama3_failures_per_1000_node_days(args.gpus_per_node)
         job = job_from_inputs(
             nodes=args.nodes, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
-            failures_per_1000_node_days=args.failures_per_1000_node_days, mttf_hours=args.mttf_hours,
+            failures_per_1000_node_days=rate, mttf_hours=args.mttf_hours,
             logs_report=args.from_logs, save_min=args.save_min, restart_min=args.restart_min,
             queue_min=args.queue_min,
         )
+        if args.measured is not None:
+            report = _run_measured(args, job, None if args.interval_min is None else args.interval_min * 60.0)
+            if args.json:
+                write_json(report, args.json, indent=2)
+            if not json_on_stdout(args):
+                _print_measured(report)
+            return 0
         interval_s = None if args.interval_min is None else args.interval_min * 60.0
         report = compute_report(job, interval_s=interval_s, simulate=args.simulate)
     except ETTRInputError as err:

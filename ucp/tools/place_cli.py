@@ -21,7 +21,9 @@ _EPILOG = """\
 Scenario families: independent, correlated-rack, lemon (accelerated; the RL policy trains on
 these), published, published-x100 (Meta's published rates, and 100x), log-replay (default input:
 the shipped `ucp logs analyze --json` of loghub's HPC sample; --logs to replay your own),
-log-thunderbird (loghub's Thunderbird sample). Policies:
+log-thunderbird (loghub's Thunderbird sample); heterogeneous clusters (per-node speed and
+capacity, shard sizes, churn): hetero-rack, hetero-lemon (trained on), hetero-x100,
+hetero-thunderbird (held out). Policies:
 static-random, rack-aware, group, greedy, rl. Modelling assumptions: docs/REPLICATION.md.
 """
 
@@ -45,6 +47,8 @@ def register(subparsers) -> None:
     ev.add_argument("--policy-file", metavar="FILE.safetensors",
                     help="trained RL policy, as `ucp place train` writes it (default: the shipped one)")
     ev.add_argument("--no-online", action="store_true", help="do not retrain the RL policy during the run")
+    ev.add_argument("--io", choices=("measured", "constant"), default="measured",
+                    help="read times from the measured I/O cost model (default) or the cluster spec's constants")
     add_json_option(ev, "{scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
     ev.set_defaults(func=run_eval)
@@ -54,6 +58,8 @@ def register(subparsers) -> None:
     tr.add_argument("--timesteps", type=int, default=120_000, help="PPO environment steps (default 120000)")
     tr.add_argument("--out", metavar="FILE.safetensors", help="where to save (default: the shipped policy file)")
     tr.add_argument("--max-nodes", type=int, default=None, help="largest cluster the policy serves (default 32)")
+    tr.add_argument("--io", choices=("measured", "constant"), default="measured",
+                    help="read times of the training scenarios: the measured I/O cost model (default) or constants")
     tr.set_defaults(func=run_train)
     fc = sub.add_parser("forecast", parents=[common], help="failure forecast quality on held-out traces",
                         description="ROC-AUC, Brier score and calibration of the online failure forecaster "
@@ -61,6 +67,23 @@ def register(subparsers) -> None:
     fc.add_argument("--logs", metavar="FILE.json", help="`ucp logs analyze --json` report for log-replay")
     add_json_option(fc, "the metrics")
     fc.set_defaults(func=run_forecast)
+    io = sub.add_parser("io-measure", help="time writes and restores on memory, local disk and S3",
+                        description="Time ReplicaTier put/get of fragments of several sizes on a memory tier, a "
+                                    "local-disk tier and an S3 bucket (a local moto S3 server unless --s3 is "
+                                    "given) and write the table the I/O cost model is fitted to.")
+    io.add_argument("--out", metavar="FILE.json", required=True, help="where to write the measurements")
+    io.add_argument("--runs", type=int, default=3, help="repetitions of every (tier, size) (default 3)")
+    io.add_argument("--max-mib", type=int, default=256, help="largest fragment in MiB (default 256)")
+    io.add_argument("--disk-dir", metavar="DIR", help="local-disk tier folder (default: a new temp folder)")
+    io.add_argument("--quiet", action="store_true", help="no progress")
+    io.set_defaults(func=run_io_measure)
+    fit = sub.add_parser("io-fit", help="fit the I/O cost model and report its held-out R2",
+                         description="Fit the gradient-boosted I/O cost model to a measurement table (default: "
+                                     "the shipped one) and report held-out R2 split by run and by size, and the "
+                                     "predicted throughput per tier.")
+    fit.add_argument("--table", metavar="FILE.json", help="measurements (default: the shipped table)")
+    add_json_option(fit, "R2 per split and predicted throughputs")
+    fit.set_defaults(func=run_io_fit)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
@@ -101,7 +124,7 @@ def run_eval(args) -> int:
     options = EvalOptions(intervals=args.intervals, seed=args.seed, replicas=args.replicas, families=families,
                           spec=_spec(args), report_path=args.logs, policy_path=args.policy_file,
                           rl_online=not args.no_online, pretrain_intervals=args.pretrain_intervals,
-                          seeds=args.seeds, optimum_instances=args.optimum)
+                          seeds=args.seeds, optimum_instances=args.optimum, io=args.io)
     with _progress("evaluating", "intervals", args.quiet) as update:
         report = evaluate(options, progress=lambda family, policy, done, total: update(done, total,
                                                                                         f"{family} / {policy}"))
@@ -135,12 +158,14 @@ def _print_report(report) -> None:
                           f"{row['mean_recovery_s']:.1f}", f"{row['data_loss_events']:.3g}",
                           f"{row['storage_bytes'] / 1e12:.2f}", f"{row['storage_utilization']:.4f}")
         out.print(table)
-    if report.optimum:
-        table = Table(title=f"gap to the exact optimum, {report.optimum['instances']} small instances "
+    for key, kind in (("policies", "homogeneous"), ("hetero_policies", "heterogeneous, measured I/O")):
+        if not report.optimum or key not in report.optimum:
+            continue
+        table = Table(title=f"gap to the exact optimum, {report.optimum['instances']} small {kind} instances "
                             f"({report.optimum['cluster']})")
         for col in ("policy", "mean gap", "95% interval", "worst"):
             table.add_column(col, justify="left" if col == "policy" else "right")
-        for name, row in report.optimum["policies"].items():
+        for name, row in report.optimum[key].items():
             band = row["ci95"]
             table.add_row(name, f"{row['optimum_gap']:+.2%}", f"{band[0]:+.2%}..{band[1]:+.2%}" if band else "-",
                           f"{row['max']:+.2%}")
@@ -151,6 +176,7 @@ def _print_report(report) -> None:
 
 def run_train(args) -> int:
     from ucp.replication.errors import PlacementInputError
+    from ucp.replication.io_cost import IoCostModel
     from ucp.replication.rl_env import MAX_NODES
     from ucp.replication.policy_file import save_policy
     from ucp.replication.rl_policy import shipped_policy_path, train_policy
@@ -161,9 +187,10 @@ def run_train(args) -> int:
     with _progress("training", "PPO steps", args.quiet) as update:
         model = train_policy(timesteps=args.timesteps, seed=args.seed, intervals=args.intervals, spec=_spec(args),
                              max_nodes=args.max_nodes or MAX_NODES, pretrain_intervals=args.pretrain_intervals,
+                             io=IoCostModel.shipped() if args.io == "measured" else None,
                              progress=lambda n: update(min(n, args.timesteps), args.timesteps))
     save_policy(model, out, trained={"timesteps": args.timesteps, "seed": args.seed, "intervals": args.intervals,
-                                     "cluster": str(_spec(args))})
+                                     "cluster": str(_spec(args)), "io": args.io})
     if not args.quiet:
         print(f"saved {out}")
     return 0
@@ -187,6 +214,87 @@ def run_forecast(args) -> int:
             print(f"{family:16s} ROC-AUC {m['roc_auc']:.3f}  Brier {m['brier']:.5f}  ECE {m['ece']:.5f}  "
                   f"base rate {m['base_rate']:.4f}  mean forecast {m['mean_forecast']:.4f}  "
                   f"({m['positives']} failures)")
+    return 0
+
+
+def _local_s3():
+    """A moto S3 server on 127.0.0.1 and a fresh bucket: ``(server, url, storage_options)``."""
+    import os
+    import uuid
+
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        from ucp.replication.errors import PlacementInputError
+
+        raise PlacementInputError("io-measure needs moto's S3 server and boto3: pip install 'moto[s3,server]' "
+                                  "boto3 (the project's test extra)") from None
+    from ucp.integrations.launch import free_port
+
+    import logging
+
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint, bucket = f"http://127.0.0.1:{port}", f"ucp-io-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    return server, f"s3://{bucket}/replicas", options
+
+
+def run_io_measure(args) -> int:
+    import tempfile
+
+    from ucp.replication.errors import PlacementInputError
+    from ucp.replication.io_cost import DEFAULT_SIZES, held_out_r2, measure, save_measurements
+    from ucp.replication.replica_tiers import DiskTier, MemoryTier, ReplicaTier
+    from ucp.stores import open_store
+
+    if args.runs < 2 or args.max_mib < 1:
+        raise PlacementInputError("--runs must be >= 2 (the R2 holds one run out) and --max-mib >= 1")
+    sizes = [n for n in DEFAULT_SIZES if n <= args.max_mib << 20]
+    cap = 4 * max(sizes)
+    server, url, options = _local_s3()
+    try:
+        with tempfile.TemporaryDirectory(dir=args.disk_dir) as disk:
+            tiers = {"memory": MemoryTier(capacity_bytes=cap), "disk": DiskTier(disk, capacity_bytes=cap),
+                     "remote": ReplicaTier(open_store(url, storage_options=options), tier="disk",
+                                           capacity_bytes=cap)}
+            with _progress("measuring", "transfers", args.quiet) as update:
+                transfers = measure(tiers, sizes=sizes, runs=args.runs, progress=update)
+    finally:
+        server.stop()
+    save_measurements(transfers, args.out, note=f"ucp place io-measure --runs {args.runs} --max-mib {args.max_mib}")
+    if not args.quiet:
+        for split in ("run", "size"):
+            print(held_out_r2(transfers, split=split))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def run_io_fit(args) -> int:
+    from ucp.replication.io_cost import IO_TIERS, OPS, IoCostModel, held_out_r2, load_measurements
+
+    transfers = load_measurements(args.table)
+    model = IoCostModel(transfers)
+    sizes = (1 << 20, 64 << 20, 256 << 20, 64e9)
+    out = {"r2": [held_out_r2(transfers, split=s) for s in ("run", "size")], "rows": len(transfers),
+           "throughput_bps": {f"{op} {tier}": {f"{n:.0f}": model.throughput(op, tier, n) for n in sizes}
+                              for tier in IO_TIERS for op in OPS}}
+    if args.json:
+        write_json(out, args.json)
+    if not json_on_stdout(args):
+        for r in out["r2"]:
+            print(f"held out by {r['split']:4s}: R2 {r['r2_log_seconds']:.3f} (log seconds), "
+                  f"{r['r2_seconds']:.3f} (seconds); {r['train']} train / {r['test']} test transfers")
+        for key, row in out["throughput_bps"].items():
+            print(f"{key:16s} " + "  ".join(f"{float(n) / 2**20:>8.0f} MiB: {v / 1e9:6.2f} GB/s"
+                                              for n, v in row.items()))
     return 0
 
 

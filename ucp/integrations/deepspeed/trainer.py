@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 import torch
 
@@ -33,8 +34,9 @@ import ucp
 from ucp.integrations.llama.config import LlamaConfig
 from ucp.integrations.llama.data import SyntheticCorpus, local_batch
 from ucp.integrations.llama.model import build_model, token_loss_sum
-from ucp.integrations.stacks.common import (CheckpointSaving, plan_program_load, STATES, Progress, TrainSettings, fresh_adam_state, global_loss, global_tokens,
-                                        make_adam)
+from ucp.integrations.stacks.common import (STATES, CheckpointSaving, Progress, TrainSettings, fresh_adam_state,
+                                            global_loss, global_tokens, make_adam, plan_logical_load,
+                                            plan_program_load)
 from ucp.errors import LayoutError
 from ucp.layout import Layout
 from ucp.spec import LogicalTensor
@@ -156,6 +158,19 @@ class DeepSpeedTrainer(CheckpointSaving):
         _, fmap, into = plan_program_load(path, self.program, self.layout, self.rank, masters=True,
                                           params_are_masters=not self.settings.mixed)
         tree = ucp.load(path, into=into, spec=fmap)
+        self.load_tensors(into, tree)
+        return self.progress
+
+    def load_target(self, logical: dict, where: str) -> tuple[Any, dict[str, torch.Tensor]]:
+        """:meth:`load`'s fragment map over a checkpoint's ``logical`` tensors and the zeroed local
+        tensors to read into (then :meth:`load_tensors`); e.g. for a checkpoint held in memory."""
+        _, fmap, into = plan_logical_load(logical, where, self.program, self.layout, self.rank, masters=True,
+                                          params_are_masters=not self.settings.mixed)
+        return fmap, into
+
+    def load_tensors(self, into: dict[str, torch.Tensor], tree: dict) -> None:
+        """Copy tensors read by :meth:`load_target`'s map into the engine's partitions, and restore
+        the progress (step, data position, RNG) from ``tree``."""
         with torch.no_grad():
             if self.layout.zero == 3:
                 self.optimizer.fp16_partitioned_groups_flat[0].copy_(into["module/flat_param"])
@@ -170,7 +185,6 @@ class DeepSpeedTrainer(CheckpointSaving):
         for state in self._adam.state.values():
             state["step"] = torch.tensor(float(self.progress.step))
         Progress.restore_rng(tree, rank=self.rank, seed=self.settings.data_seed)
-        return self.progress
 
     def logical_snapshot(self) -> dict[str, torch.Tensor] | None:
         """Every logical tensor (parameters, masters, Adam moments), whole, on rank 0, by DeepSpeed's own API."""

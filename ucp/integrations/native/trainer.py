@@ -201,7 +201,19 @@ class NativeTrainer(CheckpointSaving):
         """Load a checkpoint of any stack and layout into this rank's shards; returns its progress."""
         with CheckpointReader(path) as reader:
             logical = reader.logical()
-        check_masters(path, logical, [name for name, _ in self.model.named_parameters()])
+        fmap, into = self.load_target(logical, path)
+        tree = ucp.load(path, into=into, spec=fmap, strict=True)
+        self.progress = Progress.from_tree(tree)
+        for state in self.optimizer.state.values():
+            state["step"] = torch.tensor(float(self.progress.step))
+        Progress.restore_rng(tree, rank=self.rank, seed=self.settings.data_seed)
+        return self.progress
+
+    def load_target(self, logical: dict, where: str) -> tuple[FragmentMap, dict[str, torch.Tensor]]:
+        """The load-direction fragment map over ``logical`` (a checkpoint's tensors, read from ``where``)
+        and this rank's live local shards to fill in place; fp32 masters come from ``<name>/fp32``
+        where the checkpoint has them, and a checkpoint below fp32 without them is refused."""
+        check_masters(where, logical, [name for name, _ in self.model.named_parameters()])
         into: dict = {}
         specs = {}
         for key, name, box, tensor, master_of in self._entries(saving=False):
@@ -210,12 +222,7 @@ class NativeTrainer(CheckpointSaving):
             specs[key] = TensorSpec(key, (ShardPiece(source, Box((0,) * box.ndim, box.sizes), box),))
         used = {p.logical for spec in specs.values() for p in spec.pieces}
         fmap = FragmentMap(rank=self.rank, logical={n: t for n, t in logical.items() if n in used}, tensors=specs)
-        tree = ucp.load(path, into=into, spec=fmap, strict=True)
-        self.progress = Progress.from_tree(tree)
-        for state in self.optimizer.state.values():
-            state["step"] = torch.tensor(float(self.progress.step))
-        Progress.restore_rng(tree, rank=self.rank, seed=self.settings.data_seed)
-        return self.progress
+        return fmap, into
 
     def logical_snapshot(self) -> dict[str, torch.Tensor] | None:
         """Every logical tensor this run holds (parameters, bf16 mode's masters, Adam moments), whole, on rank 0."""

@@ -251,13 +251,23 @@ def plan_program_load(path: str, program_for, layout, rank: int, *, masters: boo
     A checkpoint whose parameters are below fp32 and that has no masters is refused
     (:class:`MissingMastersError`). Reads only the checkpoint's root metadata to decide.
     """
-    import dataclasses
-
-    from ucp import ucl
     from ucp.reader import CheckpointReader
 
     with CheckpointReader(path) as reader:
         logical = reader.logical()
+    return plan_logical_load(logical, path, program_for, layout, rank, masters=masters,
+                             params_are_masters=params_are_masters)
+
+
+def plan_logical_load(logical: dict, where: str, program_for, layout, rank: int, *, masters: bool = False,
+                      params_are_masters: bool = False) -> tuple[bool, Any, dict[str, torch.Tensor]]:
+    """:func:`plan_program_load` over a checkpoint's logical tensors already at hand (``where``
+    names them in errors), e.g. a checkpoint held in peers' memory."""
+    import dataclasses
+
+    from ucp import ucl
+
+    path = where
     has_masters = any(name.endswith("/fp32") for name in logical)
     alias = masters and not has_masters  # an fp32 run's parameters stand in for its masters
     source = dict(logical)

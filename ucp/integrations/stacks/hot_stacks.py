@@ -148,18 +148,7 @@ def native_target(trainer, logical: dict):
     """The load-direction fragment map of a built :class:`NativeTrainer` and its live local shards
     to fill in place (the map :meth:`NativeTrainer.load` builds; masters taken from ``<name>/fp32``
     where the checkpoint has them)."""
-    from ucp.geometry import Box
-    from ucp.integrations.stacks.common import master_name
-    from ucp.spec import FragmentMap, ShardPiece, TensorSpec
-
-    into, specs = {}, {}
-    for key, name, box, tensor in trainer._entries():
-        source = master_name(name, logical) if key.startswith("model/") else name
-        into[key] = tensor
-        specs[key] = TensorSpec(key, (ShardPiece(source, Box((0,) * box.ndim, box.sizes), box),))
-    used = {p.logical for spec in specs.values() for p in spec.pieces}
-    return FragmentMap(rank=trainer.rank, logical={n: t for n, t in logical.items() if n in used},
-                       tensors=specs), into
+    return trainer.load_target(logical, "the checkpoint held in memory")
 
 
 def _build_first(ctx, plan, tiers, complete, fill):
@@ -219,33 +208,10 @@ def _fill_native(trainer, logical: dict):
 
 
 def _fill_deepspeed(trainer, logical: dict):
-    """DeepSpeedTrainer.load's map (the stack's UCL program) and, once read, its copies into the
-    engine's partitions (a ``load_tensors`` split of that method would share them)."""
-    import torch
-
-    from ucp import ucl
-
-    has_masters = any(name.endswith("/fp32") for name in logical)
-    fmap = ucl.spec_for_load(trainer.program(("fp32", *STATES) if has_masters else STATES), trainer.layout,
-                             trainer.rank, logical)
-    into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
-
-    def finish(tree: dict) -> None:
-        if trainer.layout.zero == 3:
-            trainer.optimizer.fp16_partitioned_groups_flat[0].copy_(into["module/flat_param"])
-        else:
-            for name, param in trainer.params.items():
-                param.copy_(into[f"module/{name}"])
-        (master,) = trainer._masters()
-        if has_masters:
-            master.copy_(into["optim/fp32/group0"])
-        else:  # fp32 training elsewhere: the parameters are the masters
-            trainer.optimizer.refresh_fp32_params()
-        for s in STATES:
-            trainer._adam.state[master][s].copy_(into[f"optim/{s}/group0"])
-        _restore_progress(trainer, tree, trainer._adam.state.values())
-
-    return fmap, into, finish
+    """DeepSpeedTrainer's own load split in two: its map over the held checkpoint, then its copies
+    into the engine's partitions (fp32 masters never rebuilt from bf16 parameters)."""
+    fmap, into = trainer.load_target(logical, "the checkpoint held in memory")
+    return fmap, into, lambda tree: trainer.load_tensors(into, tree)
 
 
 def _recover_native(ctx, plan, tiers, complete):
