@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ucp
+from ucp.stores.options import StoreOptions
 from ucp.replication.live_risk import LogRisk
 from ucp.replication.policies import GreedyForecast
 from ucp.replication.replica_tiers import MemoryTier
@@ -43,7 +44,9 @@ def _worker(rank: int, port: int, root: str, forecaster) -> None:
                             timeout=timedelta(seconds=300))  # a loaded 2-core CI machine
     try:
         path = f"{root}/ckpt"
-        ucp.save(_state(rank), path, spec=_spec(rank), process_group=dist.group.WORLD)
+        # One array per fragment (format 3 would pack the rank's state into one): copies are placed per array.
+        ucp.save(_state(rank), path, spec=_spec(rank), process_group=dist.group.WORLD,
+                 store_options=StoreOptions(pack_max_bytes=256 << 10))
         state = {"report": _report("n1", 1e6), "now": 1e6}
         risk = LogRisk(forecaster)
         tier = MemoryTier(capacity_bytes=64 << 20)

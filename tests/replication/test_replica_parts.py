@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ucp
+from ucp.stores.options import StoreOptions
 from ucp.replication.errors import PlacementError, ReplicaCapacityError
 from ucp.replication.policies import GroupPlacement, StaticRandom
 from ucp.replication.replica_files import CheckpointFiles
@@ -131,7 +132,7 @@ def test_one_process_rebuilds_a_deleted_checkpoint_from_its_own_tier(tmp_path):
     torch.manual_seed(0)
     state = {"w": torch.randn(100, 1024), "b": torch.randn(3), "step": 7}  # w: its own array; b: packed
     path = str(tmp_path / "ck")
-    ucp.save(state, path)
+    ucp.save(state, path, store_options=StoreOptions(pack_max_bytes=256 << 10))  # format 3 would pack w too
     replicas = ReplicaManager(tiers=[MemoryTier(capacity_bytes=1 << 20)], replicas=0)
     rmap = replicas.replicate(path)
     assert ucp.verify(path).ok  # replicas.json beside the manifest does not disturb verify

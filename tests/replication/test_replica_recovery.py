@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 
 from ucp.integrations.launch import free_port
 import ucp
+from ucp.stores.options import StoreOptions
 import ucp.write_units
 from ucp.replication.errors import ReplicaLostError, ReplicaWarning
 from ucp.replication.replica_map import REPLICA_MAP_NAME, ReplicaMap
@@ -78,10 +79,15 @@ def _state(rank: int, *, empty: bool = False) -> dict:
     return state
 
 
+# Replication places copies per array; format 3 packs a rank's fragments into one array, so
+# these tests pack only small fragments (as format 1 did) to place several arrays per rank.
+ARRAY_PER_FRAGMENT = StoreOptions(pack_max_bytes=256 << 10)
+
+
 def _manager(root: str, rank: int, tier) -> CheckpointManager:
     replicas = ReplicaManager(tiers=[tier], replicas=2, node=f"n{rank}")
     return CheckpointManager(f"{root}/ckpt", process_group=dist.group.WORLD, replicas=replicas,
-                             save_options={"spec": _spec(rank)})
+                             save_options={"spec": _spec(rank), "store_options": ARRAY_PER_FRAGMENT})
 
 
 def _init(rank: int, port: int) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ucp.replication.errors import PlacementError
 from ucp.replication.cluster import DISK, MEMORY, TIERS, ClusterSpec
 from ucp.replication.placement import (ClusterView, FragmentRequest, NodeState, PlacementPolicy, PlacementRequest,
                                    validate_placement)
@@ -101,6 +102,14 @@ def _peer_sites(records, infos, groups, free, *, policy, replicas):
                                replicas=replicas, min_replicas=1, max_replicas=max(replicas, 3))
     placement = policy.place(request, view)
     validate_placement(request, view, placement)
+    # The simulator lets a full cluster leave a fragment under-replicated (its penalty is a
+    # recovery from the remote store); a live job that asked for copies is told it has none.
+    bare = sorted(f.fragment_id for f in request.fragments if len(placement.sites.get(f.fragment_id, ())) < 1)
+    if bare and replicas > 0:
+        raise PlacementError(
+            f"no node has room for a replica of {', '.join(bare[:3])}{' ...' if len(bare) > 3 else ''}; "
+            "free memory or disk on the peers, or lower replicas="
+        )
     for key, sites in placement.sites.items():
         nbytes = records[key].nbytes
         for site in sites:
