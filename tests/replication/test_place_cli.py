@@ -90,6 +90,14 @@ def test_eval_prints_the_table(capsys, monkeypatch):
                                                 "got 'x'"),
     (["place", "eval", "--families", "log-replay", "--logs", "/nonexistent.json", "--pretrain-intervals", "50",
       "--intervals", "5"], "ucp place: error: /nonexistent.json: cannot read (No such file or directory)"),
+    (["place", "online", "--tolerances", "0,half"], "ucp place: error: --tolerances '0,half': give numbers >= 0, "
+                                                    "e.g. 0,0.5,inf"),
+    (["place", "online", "--tolerances", "-1"], "ucp place: error: --tolerances must be >= 0, --intervals and "
+                                                "--seeds >= 1"),
+    (["place", "online", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
+                                                  "independent, correlated-rack, lemon, log-replay, published, "
+                                                  "published-x100, log-thunderbird, hetero-rack, hetero-lemon, "
+                                                  "hetero-x100, hetero-thunderbird"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2

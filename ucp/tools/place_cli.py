@@ -52,6 +52,19 @@ def register(subparsers) -> None:
     add_json_option(ev, "{scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
     ev.set_defaults(func=run_eval)
+    on = sub.add_parser("online", parents=[common], help="re-placing only when forecasts move: what it costs",
+                        description="Replay identical seeded scenarios with the live path's rule (keep the "
+                                    "placement until a node's forecast moves by more than the tolerance, or the "
+                                    "cluster changes) at several tolerances; report ETTR, downtime + rollbacks "
+                                    "(paired against the first tolerance), re-placements and bytes moved.")
+    on.add_argument("--families", default="hetero-x100,hetero-thunderbird", metavar="A,B",
+                    help="families to run (default: the held-out heterogeneous ones)")
+    on.add_argument("--seeds", type=int, default=20, help="scenarios per family (default 20)")
+    on.add_argument("--tolerances", default="0,0.5,inf", metavar="A,B",
+                    help="relative forecast moves that trigger a new placement (default 0,0.5,inf)")
+    on.add_argument("--policies", default="greedy,rl", metavar="A,B", help="policies (default greedy,rl)")
+    add_json_option(on, "{family: {policy: {tolerance: metrics}}}")
+    on.set_defaults(func=run_online)
     tr = sub.add_parser("train", parents=[common], help="retrain the RL placer from scratch (MaskablePPO)",
                         description="Train the RL placement policy on simulated synthetic-family episodes "
                                     "(seeds disjoint from evaluation) and save it.")
@@ -172,6 +185,38 @@ def _print_report(report) -> None:
         out.print(table)
     for line in comparisons(report):
         out.print(line)
+
+
+def run_online(args) -> int:
+    from ucp.replication.errors import PlacementInputError
+    from ucp.replication.evaluate import EvalOptions
+    from ucp.replication.online_loop import evaluate_online
+
+    try:
+        tolerances = tuple(float(t) for t in args.tolerances.split(","))
+    except ValueError:
+        raise PlacementInputError(f"--tolerances {args.tolerances!r}: give numbers >= 0, e.g. 0,0.5,inf") from None
+    if min(tolerances) < 0 or min(args.intervals, args.seeds) < 1:
+        raise PlacementInputError("--tolerances must be >= 0, --intervals and --seeds >= 1")
+    options = EvalOptions(intervals=args.intervals, seed=args.seed, families=tuple(args.families.split(",")),
+                          spec=_spec(args), rl_online=False, pretrain_intervals=args.pretrain_intervals,
+                          seeds=args.seeds)
+    with _progress("online loop", "seeds", args.quiet) as update:
+        out = evaluate_online(options, tolerances=tolerances, policy_names=tuple(args.policies.split(",")),
+                              progress=lambda family, done, total: update(done, total, family))
+    if args.json:
+        write_json(out, args.json)
+    if not args.quiet and not json_on_stdout(args):
+        for family, rows in out.items():
+            for name, by_tol in rows.items():
+                for tol, m in by_tol.items():
+                    band = m["lost_s_diff_ci95"]
+                    print(f"{family:20s} {name:8s} tolerance {tol:>4s}: ETTR {m['ettr']:.5f}, downtime + rollbacks "
+                          f"{m['lost_s']:.1f} s ({m['lost_s_diff']:+.1f} s vs tolerance {next(iter(by_tol))}"
+                          + (f", 95% {band[0]:+.1f}..{band[1]:+.1f}" if band else "") + "), "
+                          f"{m['replacements_per_interval']:.3f} placements and "
+                          f"{m['moved_bytes_per_interval'] / 1e9:.1f} GB moved per interval")
+    return 0
 
 
 def run_train(args) -> int:
