@@ -7,6 +7,7 @@ and :mod:`ucp.replication.forecast`. Examples::
     ucp place eval --families correlated-rack --logs analysis.json --no-online
     ucp place train --timesteps 120000 --out my-policy.safetensors
     ucp place forecast --intervals 2000
+    ucp place online --families hetero-x100 --seeds 20 --intervals 60 --tolerances 0,0.5,inf
 
 Exit codes: 0 ok; 2 usage or input error.
 """
