@@ -94,6 +94,8 @@ def test_eval_prints_the_table(capsys, monkeypatch):
                                                     "e.g. 0,0.5,inf"),
     (["place", "online", "--tolerances", "-1"], "ucp place: error: --tolerances must be >= 0, --intervals and "
                                                 "--seeds >= 1"),
+    (["place", "imitate", "--rounds", "0"], "ucp place: error: --instances, --rounds and --evaluate must be >= 1, "
+                                            "--leash-weight >= 0"),
     (["place", "online", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
                                                   "independent, correlated-rack, lemon, log-replay, published, "
                                                   "published-x100, log-thunderbird, hetero-rack, hetero-lemon, "

@@ -174,3 +174,38 @@ def dagger(policy, instances: list[Instance], *, rounds: int = 3, leash: list | 
     policy._actor = None  # the numpy snapshot is stale
     stats["samples"] = len(data)
     return stats
+
+
+def imitation_study(*, instances: int, rounds: int, leash_weight: float, evaluate: int = 20, seed: int = 0,
+                    out=None, progress=None) -> dict:
+    """Fine-tune the shipped policy by :func:`dagger` and compare optimum gaps before and after.
+
+    Gaps (mean and worst over ``evaluate`` instances, seeds from 0) on the heterogeneous small
+    instances, on ``hetero-x100``'s cluster model (never trained on) and on alike nodes, for
+    ``greedy``, the shipped policy and the fine-tuned one (saved to ``out`` when given).
+    """
+    from ucp.replication.io_cost import IoCostModel
+    from ucp.replication.optimum import optimum_gaps
+    from ucp.replication.policies import GreedyForecast
+    from ucp.replication.policy_file import save_policy
+    from ucp.replication.rl_env import SimulatedEpisodes
+    from ucp.replication.rl_policy import RLPolicy, training_scenarios
+    from ucp.replication.scenarios import HETERO
+
+    io = IoCostModel.shipped()
+    shipped, tuned = RLPolicy.load(online=False), RLPolicy.load(online=False)
+    source = SimulatedEpisodes(training_scenarios(seed=seed, intervals=300, pretrain_intervals=1000, io=io))
+    leash = leash_states(source, shipped.model.policy.mlp_extractor.numpy_actor(), shipped.max_nodes,
+                         episodes=60, seed=seed + 1)
+    stats = dagger(tuned, teacher_instances(instances, io=io), rounds=rounds, leash=leash,
+                   leash_weight=leash_weight, seed=seed, progress=progress)
+    if out is not None:
+        save_policy(tuned.model, out, trained={"imitation": {"instances": instances, "rounds": rounds,
+                                                             "leash_weight": leash_weight, "seed": seed}})
+    tuned.name = "rl-imitation"
+    gaps = {}
+    for key, kind in (("hetero", {"hetero": True}), ("hetero-x100", {"cluster": HETERO["hetero-x100"][1]}),
+                      ("homogeneous", {})):
+        found = optimum_gaps([GreedyForecast(), shipped, tuned], seeds=evaluate, io=io, **kind)
+        gaps[key] = {name: {"optimum_gap": float(np.mean(g)), "max": float(np.max(g))} for name, g in found.items()}
+    return {"training": stats, "leash_states": len(leash), "gaps": gaps}

@@ -66,6 +66,19 @@ def register(subparsers) -> None:
     on.add_argument("--policies", default="greedy,rl", metavar="A,B", help="policies (default greedy,rl)")
     add_json_option(on, "{family: {policy: {tolerance: metrics}}}")
     on.set_defaults(func=run_online)
+    im = sub.add_parser("imitate", help="fine-tune the RL placer by DAgger from the exact optimum; compare gaps",
+                        description="Fine-tune the shipped RL policy by imitating the exact optimum on small "
+                                    "instances of the training cluster models (DAgger, with a KL leash to the PPO "
+                                    "policy on 16-node training states) and report optimum gaps before and after.")
+    im.add_argument("--instances", type=int, default=160, help="teacher instances (default 160)")
+    im.add_argument("--rounds", type=int, default=4, help="DAgger rounds (default 4)")
+    im.add_argument("--leash-weight", type=float, default=0.3, help="weight of the KL leash (default 0.3)")
+    im.add_argument("--evaluate", type=int, default=20, help="small instances per gap (default 20)")
+    im.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    im.add_argument("--out", metavar="FILE.safetensors", help="save the fine-tuned policy (default: not saved)")
+    im.add_argument("--quiet", action="store_true", help="no progress or table")
+    add_json_option(im, "training stats and gaps")
+    im.set_defaults(func=run_imitate)
     tr = sub.add_parser("train", parents=[common], help="retrain the RL placer from scratch (MaskablePPO)",
                         description="Train the RL placement policy on simulated synthetic-family episodes "
                                     "(seeds disjoint from evaluation) and save it.")
@@ -217,6 +230,24 @@ def run_online(args) -> int:
                           + (f", 95% {band[0]:+.1f}..{band[1]:+.1f}" if band else "") + "), "
                           f"{m['replacements_per_interval']:.3f} placements and "
                           f"{m['moved_bytes_per_interval'] / 1e9:.1f} GB moved per interval")
+    return 0
+
+
+def run_imitate(args) -> int:
+    from ucp.replication.errors import PlacementInputError
+    from ucp.replication.imitation import imitation_study
+
+    if min(args.instances, args.rounds, args.evaluate) < 1 or args.leash_weight < 0:
+        raise PlacementInputError("--instances, --rounds and --evaluate must be >= 1, --leash-weight >= 0")
+    with _progress("imitating", "rounds", args.quiet) as update:
+        out = imitation_study(instances=args.instances, rounds=args.rounds, leash_weight=args.leash_weight,
+                              evaluate=args.evaluate, seed=args.seed, out=args.out, progress=update)
+    if args.json:
+        write_json(out, args.json)
+    if not args.quiet and not json_on_stdout(args):
+        for key, rows in out["gaps"].items():
+            print(f"{key}: " + ", ".join(f"{name} {r['optimum_gap']:+.2%} (worst {r['max']:+.1%})"
+                                          for name, r in rows.items()))
     return 0
 
 
