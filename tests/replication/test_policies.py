@@ -82,3 +82,40 @@ def test_random_policies_are_reproducible(policy):
     request, view = PlacementRequest.one_per_node(SPEC), ClusterView.uniform(SPEC)
     again = type(policy)(seed=1)
     assert policy.place(request, view) == again.place(request, view)
+
+
+def _view_with(spec, **changes):
+    """A uniform view with node 3 changed (``speed``, ``memory_free_bytes``, ``alive`` ...)."""
+    import dataclasses
+
+    view = ClusterView.uniform(spec)
+    nodes = tuple(dataclasses.replace(s, **changes) if s.node == 3 else s for s in view.nodes)
+    return dataclasses.replace(view, nodes=nodes)
+
+
+@pytest.mark.parametrize("changes, chosen, reason", [
+    ({}, "group", None),
+    ({"speed": 1.2}, "group", None),  # within the spread a live job's nodes show
+    ({"speed": 0.25}, "greedy", "node speeds range from 0.25 to 1"),
+    ({"memory_free_bytes": 0.0}, "greedy", "free memory ranges from 0 to"),
+    ({"alive": False, "memory_free_bytes": 0.0, "speed": 0.25}, "group", None),  # a dead node is not the cluster
+])
+def test_auto_picks_what_measured_best_for_the_cluster_it_sees(changes, chosen, reason):
+    from ucp.replication.policies import MeasuredBest, is_heterogeneous
+
+    spec = ClusterSpec(nodes=8, rack_size=2)
+    request, view = PlacementRequest.one_per_node(spec), _view_with(spec, **changes)
+    why = is_heterogeneous(view)
+    assert (why is None) if reason is None else why.startswith(reason)
+    policy = MeasuredBest(seed=3)
+    assert policy.choose(request, view).name == chosen
+    expected = (GroupPlacement if chosen == "group" else GreedyForecast)(seed=3).place(request, view)
+    assert policy.place(request, view) == expected
+    validate_placement(request, view, expected)
+
+
+def test_the_live_default_policy_is_auto():
+    from ucp.replication.replica_tiers import MemoryTier
+    from ucp.replication.replicas import ReplicaManager
+
+    assert ReplicaManager(tiers=[MemoryTier(capacity_bytes=1 << 20)]).policy.name == "auto"

@@ -10,6 +10,8 @@
   choose first, and each replica goes to the site with the least expected
   restore time, never sharing a rack with the owner or another replica if any
   other rack has room.
+- ``auto`` (:class:`MeasuredBest`, the live default): ``group`` on a homogeneous
+  cluster, ``greedy`` on a heterogeneous one, as measured.
 
 Every policy spends at most the request's budget and fills a holder's memory
 before its disk (``memory`` is the faster tier); the static ones place in rounds
@@ -233,6 +235,58 @@ class GreedyForecast:
             chosen.append(free.take(node, tier, frag.nbytes))
         _fill_minimum(request, view, free, sites, np.random.default_rng(self.seed))
         return Placement(sites)
+
+
+# How far apart two alive nodes' speeds may be before a cluster counts as heterogeneous, and the
+# least share a node may offer of the tier the others offer most of. Live jobs never report exactly
+# equal free bytes, so equality is too strict; the simulator's heterogeneous families differ by 4-5x
+# in speed and by whole shards in capacity, far past these bounds. Unequal fragment sizes alone do
+# not count: a pipeline's first stage always holds more, and that case alone was never measured.
+_SPEED_SPREAD, _ROOM_SHARE = 1.5, 0.5
+
+
+def is_heterogeneous(view: ClusterView) -> str | None:
+    """Why the cluster is heterogeneous (a reason to print), or None where its alive nodes are alike."""
+    alive = [s for s in view.nodes if s.alive]
+    if not alive:
+        return None
+    speeds = [s.speed for s in alive]
+    if max(speeds) > _SPEED_SPREAD * min(speeds):
+        return f"node speeds range from {min(speeds):g} to {max(speeds):g}"
+    for tier, room in ((MEMORY, [s.memory_free_bytes for s in alive]), (DISK, [s.disk_free_bytes for s in alive])):
+        if max(room) > 0 and min(room) < _ROOM_SHARE * max(room):
+            return f"free {tier} ranges from {min(room):.0f} to {max(room):.0f} bytes per node"
+    return None
+
+
+@dataclass(frozen=True)
+class MeasuredBest:
+    """The policy that measured best for the cluster at hand (``auto``, the live default).
+
+    ``ucp place eval`` (docs/REPLICATION.md) found Gemini's ``group`` best or exact on every
+    homogeneous family and the cost-aware ``greedy`` best on every heterogeneous one, where
+    ``group`` was worst or next to worst; this picks between the two by what the view shows
+    (:func:`is_heterogeneous`), at every placement.
+
+    >>> from ucp.replication.cluster import ClusterSpec
+    >>> from ucp.replication.placement import ClusterView, PlacementRequest
+    >>> spec = ClusterSpec(nodes=8, rack_size=2)
+    >>> request, view = PlacementRequest.one_per_node(spec), ClusterView.uniform(spec)
+    >>> MeasuredBest().choose(request, view).name
+    'group'
+    """
+
+    seed: int = 0
+    name: str = "auto"
+
+    def choose(self, request: PlacementRequest, view: ClusterView):
+        """The policy this placement uses."""
+        if is_heterogeneous(view):
+            return GreedyForecast(seed=self.seed)
+        return GroupPlacement(seed=self.seed)
+
+    def place(self, request: PlacementRequest, view: ClusterView) -> Placement:
+        return self.choose(request, view).place(request, view)
 
 
 def baseline_policies(*, seed: int = 0) -> list:

@@ -2,8 +2,9 @@
 
 After a checkpoint commits, :meth:`ReplicaManager.replicate` (collective) has every
 rank check its own arrays against the manifest's checksums and send them over
-torch.distributed to the peers a placement policy chooses (default: Gemini's
-groups, :class:`~ucp.replication.policies.GroupPlacement`); each rank keeps what it
+torch.distributed to the peers a placement policy chooses (default ``auto``,
+:class:`~ucp.replication.policies.MeasuredBest`: Gemini's groups on a homogeneous cluster, the
+cost-aware greedy on a heterogeneous one, as ``ucp place eval`` measured); each rank keeps what it
 receives in its tiers (:mod:`ucp.replication.replica_tiers`), and ``replicas.json``
 (:mod:`ucp.replication.replica_map`) is written beside the manifest.
 
@@ -46,7 +47,7 @@ from ucp.replication.cluster import ClusterSpec
 from ucp.replication.errors import PlacementInputError, ReplicaError, ReplicaLostError, ReplicaWarning
 from ucp.replication.io_cost import live_io_model
 from ucp.replication.placement import PlacementPolicy
-from ucp.replication.policies import GroupPlacement
+from ucp.replication.policies import MeasuredBest
 from ucp.replication.replica_files import CheckpointFiles, array_owners, array_tensors, fragment_bytes
 from ucp.replication.replica_map import REPLICA_MAP_NAME, Holder, ReplicaMap
 from ucp.replication.replica_plan import RankInfo, plan_replication
@@ -107,7 +108,7 @@ class ReplicaManager:
         if keep < 1 or replicas < 0:
             raise PlacementInputError(f"ReplicaManager: keep must be >= 1 and replicas >= 0, got {keep}, {replicas}")
         self.tiers = tuple(tiers)
-        self.policy = policy or GroupPlacement()
+        self.policy = policy or MeasuredBest()
         self.replicas = replicas
         self.process_group = process_group
         self.node = node or os.environ.get("UCP_NODE") or socket.gethostname()
