@@ -15,8 +15,11 @@ every rank of the re-formed process group:
    ``round_bytes`` (:func:`ucp.replication.replica_transfer.exchange`); the rest is read
    from the checkpoint, only those regions.
 
-Every read goes through :class:`ucp.reader.CheckpointReader` (over an in-memory store
-for held arrays), so every chunk is checked against the manifest's checksums either way.
+A held array is read in place: a fragment of a pack is a view of the held bytes, checked
+against the manifest's checksums the first time a region of it is asked for (an array saved as
+chunk files goes through :class:`ucp.reader.CheckpointReader` over an in-memory store), so every
+chunk is checked either way, once. A message packs its regions with one copy each; a rank's own
+regions never enter the exchange.
 
     tree, report = reshard_from_memory(tiers, make_target, group=dist.group.WORLD)
 """
