@@ -31,7 +31,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ from ucp.spec import FragmentMap
 from ucp.stores import MemoryStore
 from ucp.zarr_array import chunk_key
 
-__all__ = ["HotLoadReport", "reshard_from_memory", "hand_over", "local_view", "held_arrays"]
+__all__ = ["HotLoadReport", "reshard_from_memory", "hand_over", "local_view", "held_arrays", "held_manifest"]
 
 PACK_CHUNK = chunk_key((1,), 0)  # a pack array's only chunk file (its fragments' bytes, back to back)
 
@@ -111,6 +111,7 @@ class _HeldFragments:
         for key in packed & blobs.keys():
             self.packs[key] = dict(split_blob(rmap.arrays[key], blobs[key]))[PACK_CHUNK]
         self.fragments: dict[tuple[str, int], torch.Tensor] = {}  # checked, in storage shape
+        self.pieces: dict[tuple[str, int], list] = {}  # a flat fragment's boxes
         self._chunked: tuple[MemoryStore, CheckpointReader] | None = None
 
     def fragment(self, logical: str, index: int) -> torch.Tensor:
@@ -132,7 +133,9 @@ class _HeldFragments:
         data = self.fragment(logical, index)
         if isinstance(frag.region, Box):
             return data[box.relative_to(frag.region).slices()] if box.ndim else data
-        piece = next(p for p in region_pieces(frag.region, entry.shape) if p.box.contains(box))
+        if (logical, index) not in self.pieces:
+            self.pieces[(logical, index)] = region_pieces(frag.region, entry.shape)
+        piece = next(p for p in self.pieces[(logical, index)] if p.box.contains(box))
         return data.view(-1)[piece.span.start:piece.span.stop].view(piece.box.sizes)[box.relative_to(piece.box).slices()]
 
     def _packed(self, logical: str, frag) -> torch.Tensor:
@@ -226,9 +229,11 @@ def _gather(obj: Any, group) -> list:
 
 
 def _agree(problem: str | None, group) -> None:
-    found = _gather(problem, group)
-    rank = dist.get_rank(group)
-    for r, text in enumerate(found):
+    _raise_first(_gather(problem, group), dist.get_rank(group))
+
+
+def _raise_first(problems: list[str | None], rank: int) -> None:
+    for r, text in enumerate(problems):
         if text:
             raise ReplicaError(text if r == rank else f"resharding from memory failed on rank {r}: {text}")
 
@@ -292,36 +297,48 @@ def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_by
     return received[0]
 
 
+def held_manifest(meta: CheckpointMeta) -> Manifest:
+    """The manifest of a checkpoint held in memory, parsed (its metadata shards, if any, are read
+    from the checkpoint when first used)."""
+    return Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
+                              checkpoint=meta.path, read_shard=CheckpointFiles(meta.path).read_shard)
+
+
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None
+                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None,
+                        parsed: Mapping[str, tuple[bytes, Manifest]] | None = None,
                         ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
 
     ``make_target(logical)`` returns this rank's load-direction fragment map and zeroed
     local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
-    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`). Returns the
-    checkpoint's JSON tree for this rank, the filled tensors, the map and a report.
+    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`); ``parsed``:
+    manifests parsed ahead of a failure (path -> (manifest bytes, :func:`held_manifest`)), used
+    where their bytes are the held ones. Returns the checkpoint's JSON tree for this rank, the
+    filled tensors, the map and a report.
     """
     began = time.perf_counter()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     ck, meta = _newest(tiers, group, complete)
-    files = CheckpointFiles(meta.path)
-    manifest = Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
-                                  checkpoint=meta.path, read_shard=files.read_shard)
+    ready = (parsed or {}).get(meta.path)
+    manifest = ready[1] if ready is not None and ready[0] == meta.manifest else held_manifest(meta)
     rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
     blobs, corrupt = held_arrays(tiers, ck, rmap)
     index = {(name, frag.key, frag.region): i for name, entry in manifest.tensors.items()
              for i, frag in enumerate(entry.fragments)}  # as every rank numbers them
-    holders: dict[str, list[int]] = {}
-    for r, keys in enumerate(_gather(sorted(blobs), group)):
-        for key in keys:
-            holders.setdefault(key, []).append(r)
     logical = {n: _logical(manifest, n) for n in manifest.tensors}
     fmap, into = make_target(logical)
     load_plan, problem = _plan_reads(manifest, fmap, meta.path)
-    _agree(problem, group)  # every rank refuses together: none is left waiting in a collective
+    # one round: who holds what, and whether every rank could plan (all refuse together, so none
+    # is left waiting in a collective)
+    everyone = _gather((sorted(blobs), problem), group)
+    _raise_first([text for _, text in everyone], rank)
     assert load_plan is not None
+    holders: dict[str, list[int]] = {}
+    for r, (keys, _) in enumerate(everyone):
+        for key in keys:
+            holders.setdefault(key, []).append(r)
     plan: PeerPlan = assign_holders(load_plan, holders, rank, world)
     # Sources learn what to send: every rank's fetches, in one list all ranks agree on.
     asks = [(f.holder, f.logical, index[(f.logical, f.item.fragment.key, f.item.fragment.region)],

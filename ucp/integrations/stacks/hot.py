@@ -159,10 +159,31 @@ class HeldMemory:
     snapshot_tiers: list
     complete: set[str] = field(default_factory=set)
     programs: dict = field(default_factory=dict)  # UCL program text -> parsed (ucl.BoundProgram)
+    manifests: dict = field(default_factory=dict)  # complete path -> (manifest bytes, parsed Manifest)
 
     @property
     def all_tiers(self) -> list:
         return [*self.tiers, *self.snapshot_tiers]
+
+    def prepare(self, path: str, *, keep: int = 4) -> None:
+        """Parse the manifest of ``path`` (just replicated) in a background thread, so that a
+        recovery from it finds it parsed (0.1-0.3 s here otherwise, on the recovery's critical
+        path). Best effort: a parse that has not finished or failed is redone by the recovery."""
+        import threading
+
+        from ucp.replication.hot_reshard import held_manifest
+
+        def parse() -> None:
+            try:
+                meta = next(m for tier in self.all_tiers for ck in tier.checkpoints()
+                            if (m := tier.get_meta(ck)) is not None and m.path == path)
+                self.manifests[path] = (meta.manifest, held_manifest(meta))
+                for old in list(self.manifests)[:-keep]:
+                    self.manifests.pop(old, None)
+            except Exception:  # noqa: BLE001 - an optimisation only: the recovery parses it itself
+                pass
+
+        threading.Thread(target=parse, name="ucp-parse-manifest", daemon=True).start()
 
     def program(self, text):
         """``text`` (a UCL program reference) parsed once per process, then reused by every save and
@@ -219,7 +240,9 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, direct
             began = time.perf_counter()
             state = trainer.checkpoint_state()[0]
             # either returns once the copies are in peers' memory on every rank: complete
-            held.complete.add(snapshots.save(step, state) if snapshot else manager.save(step, state))
+            path = snapshots.save(step, state) if snapshot else manager.save(step, state)
+            held.complete.add(path)
+            held.prepare(path)
             if ctx.uid == plan.corrupt_uid and not snapshot:
                 for tier in held.tiers:
                     for ck in tier.checkpoints():

@@ -90,9 +90,9 @@ def recover(ctx, plan, held) -> tuple[Any, str | None]:
     replicated on every rank), and its path; ``(None, None)`` on a process left idle (it has left
     the group)."""
     if plan.stack == "native":
-        return _build_first(ctx, plan, held.all_tiers, held.complete, _fill_native)
+        return _build_first(ctx, plan, held, _fill_native)
     if plan.stack == "deepspeed":
-        return _recover_deepspeed(ctx, plan, held.all_tiers, held.complete)
+        return _recover_deepspeed(ctx, plan, held)
     return _recover_megatron(ctx, plan, held)
 
 
@@ -135,7 +135,7 @@ def _recover_megatron(ctx, plan, held):
 
     began = time.perf_counter()
     tree, into, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
-                                                  complete=held.complete)
+                                                  complete=held.complete, parsed=held.manifests)
     if m.active < m.world:  # idle ranks leave; the training ones form their own group
         if not m.training:
             ctx.emit("idle", elements=report.elements)
@@ -156,7 +156,7 @@ def native_target(trainer, logical: dict):
     return trainer.load_target(logical, "the checkpoint held in memory")
 
 
-def _build_first(ctx, plan, tiers, complete, fill):
+def _build_first(ctx, plan, held, fill):
     """Recovery for a stack whose model must exist before its map does (native, DeepSpeed): idle
     processes hand over and leave, the training ranks form their group, build, and reshard;
     ``fill(trainer, logical) -> (fmap, into, finish)``, ``finish(tree)`` takes the tensors in."""
@@ -170,7 +170,7 @@ def _build_first(ctx, plan, tiers, complete, fill):
     began = time.perf_counter()
     handed = 0
     if m.active < m.world:
-        handed = hand_over(tiers, active=m.active, round_bytes=plan.round_bytes, complete=complete)
+        handed = hand_over(held.all_tiers, active=m.active, round_bytes=plan.round_bytes, complete=held.complete)
         if not m.training:
             ctx.emit("idle", handed_bytes=handed)
             ctx.leave()
@@ -188,7 +188,8 @@ def _build_first(ctx, plan, tiers, complete, fill):
         return fmap, into
 
     with torch.no_grad():
-        tree, _, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes, complete=complete)
+        tree, _, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                 complete=held.complete, parsed=held.manifests)
         finish[0](tree)
     _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,
                                      "reshard": time.perf_counter() - built}, {"handed_bytes": handed})
@@ -219,7 +220,7 @@ def _fill_deepspeed(trainer, logical: dict):
     return fmap, into, lambda tree: trainer.load_tensors(into, tree)
 
 
-def _recover_deepspeed(ctx, plan, tiers, complete):
+def _recover_deepspeed(ctx, plan, held):
     from ucp.integrations.deepspeed.trainer import import_deepspeed
 
     import_deepspeed()
@@ -229,4 +230,4 @@ def _recover_deepspeed(ctx, plan, tiers, complete):
     # would reuse the old generation's, now destroyed ("Group ... is not registered"). Its own
     # destroy_process_group releases them; the elastic context destroyed torch's groups directly.
     groups._release_process_group_references(None)
-    return _build_first(ctx, plan, tiers, complete, _fill_deepspeed)
+    return _build_first(ctx, plan, held, _fill_deepspeed)
