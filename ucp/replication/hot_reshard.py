@@ -158,9 +158,9 @@ class _HeldFragments:
                         f"{frag.rank}, chunk {i}) has {found}, expected "
                         f"{frag.checksums[i] if i < len(frag.checksums) else 'no checksum'}; the copy is corrupt: "
                         "restore from storage (ucp.load) or an older checkpoint")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: nothing writes to it
-            flat = torch.frombuffer(raw, dtype=dtype) if frag.nbytes else torch.empty(0, dtype=dtype)
+        # a read-only buffer (torch warns, once per process; nothing writes to it). No
+        # warnings.catch_warnings here: adding a filter per fragment cost ~1 ms each (0.46 s at 1 GiB)
+        flat = torch.frombuffer(raw, dtype=dtype) if frag.nbytes else torch.empty(0, dtype=dtype)
         return flat.view(shape)
 
     def _reader(self) -> CheckpointReader:
@@ -380,20 +380,22 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
             at += nbytes
 
     try:
-        # a rank's own regions never enter the exchange: copied straight from its memory afterwards,
-        # so its peers never wait for them
-        problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver, group=group,
-                            round_bytes=round_bytes)
-        for t in transfers:
-            if t.source == t.dest == rank:
-                try:
-                    for i, _, region in regions(t):
-                        f = mine[(rank, i)]
-                        local_view(into[f.dest_key], fmap, f).copy_(region())
-                        delivered.add((rank, i))
-                except UcpError as err:
-                    problems.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
-                                    f"{type(err).__name__}: {err}")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)  # held bytes: read only
+            # a rank's own regions never enter the exchange: copied straight from its memory afterwards,
+            # so its peers never wait for them
+            problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver, group=group,
+                                round_bytes=round_bytes)
+            for t in transfers:
+                if t.source == t.dest == rank:
+                    try:
+                        for i, _, region in regions(t):
+                            f = mine[(rank, i)]
+                            local_view(into[f.dest_key], fmap, f).copy_(region())
+                            delivered.add((rank, i))
+                    except UcpError as err:
+                        problems.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
+                                        f"{type(err).__name__}: {err}")
     finally:
         memory.close()
     transferred = time.perf_counter()
