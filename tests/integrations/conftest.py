@@ -77,3 +77,16 @@ def committed_steps(directory: Path) -> list[int]:
 @pytest.fixture
 def committed():
     return committed_steps
+
+
+@pytest.fixture
+def world_of_one():
+    """This process as a world of one: a gloo group over an in-memory store, so collectives run for
+    real with the process as its own only peer."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

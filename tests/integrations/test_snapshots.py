@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ucp.errors import InvalidArgumentError
 from ucp.geometry import Box
@@ -16,15 +15,6 @@ from ucp.integrations.snapshots import SnapshotOptions, Snapshots
 from ucp.replication.errors import ReplicaError
 from ucp.replication.hot_reshard import reshard_from_memory
 from ucp.spec import FragmentMap, ShardPiece, TensorSpec
-
-
-@pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _target(logical):

@@ -15,8 +15,11 @@ every rank of the re-formed process group:
    ``round_bytes`` (:func:`ucp.replication.replica_transfer.exchange`); the rest is read
    from the checkpoint, only those regions.
 
-Every read goes through :class:`ucp.reader.CheckpointReader` (over an in-memory store
-for held arrays), so every chunk is checked against the manifest's checksums either way.
+A held array is read in place: a fragment of a pack is a view of the held bytes, checked
+against the manifest's checksums the first time a region of it is asked for (an array saved as
+chunk files goes through :class:`ucp.reader.CheckpointReader` over an in-memory store), so every
+chunk is checked either way, once. A message packs its regions with one copy each; a rank's own
+regions never enter the exchange.
 
     tree, report = reshard_from_memory(tiers, make_target, group=dist.group.WORLD)
 """
@@ -26,10 +29,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import OrderedDict
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,14 +46,17 @@ from ucp.replication.replica_transfer import ROUND_BYTES, Transfer, exchange
 from ucp.checksum import digest
 from ucp.geometry import Box, FlatRange, region_pieces, region_shape
 from ucp.manifest import Manifest
-from ucp.errors import UcpError
+from ucp.errors import ChecksumError, UcpError
 from ucp.load_plan import LoadPlan, plan_load
 from ucp.peer_plan import Fetch, PeerPlan, assign_holders
 from ucp.reader import CheckpointReader
 from ucp.spec import FragmentMap
 from ucp.stores import MemoryStore
+from ucp.zarr_array import chunk_key
 
-__all__ = ["HotLoadReport", "reshard_from_memory", "hand_over", "local_view", "held_arrays"]
+__all__ = ["HotLoadReport", "reshard_from_memory", "hand_over", "local_view", "held_arrays", "held_manifest"]
+
+PACK_CHUNK = chunk_key((1,), 0)  # a pack array's only chunk file (its fragments' bytes, back to back)
 
 
 @dataclass(frozen=True)
@@ -89,48 +94,95 @@ def held_arrays(tiers: Sequence[ReplicaTier], checkpoint: str, rmap: ReplicaMap)
     return good, sorted(set(bad) - set(good))
 
 
-class _MemoryCheckpoint:
-    """The held arrays of one checkpoint as a readable checkpoint (an in-memory store).
+class _HeldFragments:
+    """The held arrays of one checkpoint, read in place: the fragments of a pack are views of the
+    held bytes (no copy into another store, no decode), each checked against the manifest's
+    checksums once, the first time a region of it is asked for.
 
-    Regions are served from whole fragments read once (checked against their checksums) and
-    kept while they are asked for, up to ``cache_bytes``.
+    An array written as chunk files (saved with ``pack_max_bytes=0``) is read through a
+    :class:`~ucp.reader.CheckpointReader` over an in-memory store holding those arrays only.
     """
 
-    def __init__(self, manifest: Manifest, rmap: ReplicaMap, blobs: dict[str, bytes], *,
-                 cache_bytes: int = 256 << 20) -> None:
-        self.url = f"memory://ucp-hot-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.store = MemoryStore(self.url)
-        for key, blob in blobs.items():
-            for name, data in split_blob(rmap.arrays[key], blob):
-                self.store.write_bytes(f"data/{key}/{name}", bytes(data))
+    def __init__(self, manifest: Manifest, rmap: ReplicaMap, blobs: dict[str, bytes]) -> None:
         self.manifest = manifest
-        self.reader = CheckpointReader(self.url, opened=(self.store, manifest))
-        self.cache: OrderedDict[tuple[str, int], torch.Tensor] = OrderedDict()
-        self.cache_bytes = cache_bytes
+        self.rmap, self.blobs = rmap, blobs
+        packed = {f.key for entry in manifest.tensors.values() for f in entry.fragments if f.pack_offset is not None}
+        self.packs: dict[str, memoryview] = {}  # pack key -> its chunk's bytes (a view of the blob)
+        for key in packed & blobs.keys():
+            self.packs[key] = dict(split_blob(rmap.arrays[key], blobs[key]))[PACK_CHUNK]
+        self.fragments: dict[tuple[str, int], torch.Tensor] = {}  # checked, in storage shape
+        self.pieces: dict[tuple[str, int], list] = {}  # a flat fragment's boxes
+        self._chunked: tuple[MemoryStore, CheckpointReader] | None = None
+
+    def fragment(self, logical: str, index: int) -> torch.Tensor:
+        """Fragment ``index`` of ``logical`` whole (an array this rank holds), checked once."""
+        data = self.fragments.get((logical, index))
+        if data is None:
+            frag = self.manifest.tensors[logical].fragments[index]
+            if frag.key in self.packs:
+                data = self._packed(logical, frag)
+            else:
+                data = self._reader().read_fragment(logical, frag)
+            self.fragments[(logical, index)] = data
+        return data
 
     def read(self, logical: str, index: int, box: Box) -> torch.Tensor:
-        """``box`` (inside fragment ``index`` of ``logical``, an array this rank holds)."""
+        """``box`` (inside fragment ``index`` of ``logical``) as a view of the held fragment."""
         entry = self.manifest.tensors[logical]
         frag = entry.fragments[index]
-        data = self.cache.get((logical, index))
-        if data is None:
-            data = self.reader.read_fragment(logical, frag)
-            self.cache[(logical, index)] = data
-            held = sum(t.nbytes for t in self.cache.values())
-            while held > self.cache_bytes and len(self.cache) > 1:
-                held -= self.cache.popitem(last=False)[1].nbytes
+        data = self.fragment(logical, index)
         if isinstance(frag.region, Box):
             return data[box.relative_to(frag.region).slices()] if box.ndim else data
-        piece = next(p for p in region_pieces(frag.region, entry.shape) if p.box.contains(box))
+        if (logical, index) not in self.pieces:
+            self.pieces[(logical, index)] = region_pieces(frag.region, entry.shape)
+        piece = next(p for p in self.pieces[(logical, index)] if p.box.contains(box))
         return data.view(-1)[piece.span.start:piece.span.stop].view(piece.box.sizes)[box.relative_to(piece.box).slices()]
 
+    def _packed(self, logical: str, frag) -> torch.Tensor:
+        dtype = _dtype(self.manifest.tensors[logical].dtype)
+        shape = region_shape(frag.region)
+        raw = self.packs[frag.key][frag.pack_offset:frag.pack_offset + frag.nbytes]
+        if len(raw) != frag.nbytes:
+            raise ChecksumError(f"tensor {logical!r}: the held copy of array {frag.key!r} ends before byte "
+                                f"{frag.pack_offset + frag.nbytes} of fragment {frag.key!r} of rank {frag.rank}; "
+                                "the copy is damaged: take the region from another copy or from storage")
+        if frag.checksums:
+            row = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
+            step = frag.chunk_rows * row or len(raw) or 1
+            for i, at in enumerate(range(0, max(len(raw), 1), step)):
+                found = digest(raw[at:at + step])
+                if i >= len(frag.checksums) or found != frag.checksums[i]:
+                    raise ChecksumError(
+                        f"checksum mismatch in tensor {logical!r}: the held copy of array {frag.key!r} bytes "
+                        f"{frag.pack_offset + at}..{frag.pack_offset + min(at + step, len(raw))} (fragment of rank "
+                        f"{frag.rank}, chunk {i}) has {found}, expected "
+                        f"{frag.checksums[i] if i < len(frag.checksums) else 'no checksum'}; the copy is corrupt: "
+                        "restore from storage (ucp.load) or an older checkpoint")
+        # a read-only buffer (torch warns, once per process; nothing writes to it). No
+        # warnings.catch_warnings here: adding a filter per fragment cost ~1 ms each (0.46 s at 1 GiB)
+        flat = torch.frombuffer(raw, dtype=dtype) if frag.nbytes else torch.empty(0, dtype=dtype)
+        return flat.view(shape)
+
+    def _reader(self) -> CheckpointReader:
+        if self._chunked is None:
+            url = f"memory://ucp-hot-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            store = MemoryStore(url)
+            for key, blob in self.blobs.items():
+                if key not in self.packs:
+                    for name, data in split_blob(self.rmap.arrays[key], blob):
+                        store.write_bytes(f"data/{key}/{name}", bytes(data))
+            self._chunked = (store, CheckpointReader(url, opened=(store, self.manifest)))
+        return self._chunked[1]
+
     def close(self) -> None:
-        self.cache.clear()
-        self.reader.close()
-        try:
-            self.store.fs.rm(self.store.root, recursive=True)
-        except FileNotFoundError:
-            pass
+        self.fragments.clear()
+        if self._chunked is not None:
+            store, reader = self._chunked
+            reader.close()
+            try:
+                store.fs.rm(store.root, recursive=True)
+            except FileNotFoundError:
+                pass
 
 
 def local_view(tensor: torch.Tensor, fmap: FragmentMap, fetch: Fetch) -> torch.Tensor:
@@ -152,13 +204,22 @@ def local_view(tensor: torch.Tensor, fmap: FragmentMap, fetch: Fetch) -> torch.T
     return storage[fetch.overlap.relative_to(target).slices()] if target.ndim else storage
 
 
-def _bytes(t: torch.Tensor) -> bytes:
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.dim() else t.reshape(1).view(torch.uint8).numpy().tobytes()
+def _raw(t: torch.Tensor):
+    """The bytes of a contiguous tensor, in place (any dtype: bf16 has no numpy type, uint8 does)."""
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
-def _put(view: torch.Tensor, blob, dtype: torch.dtype) -> None:
-    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(dtype).view(view.shape)
-    view.copy_(data)
+def _copy_bytes(dest: torch.Tensor, source: torch.Tensor) -> None:
+    """Copy between a typed tensor and a 1-d uint8 run holding its elements' bytes, either way:
+    one copy, straight between the two (a misaligned run goes through an aligned copy)."""
+    if dest.dtype == torch.uint8 and source.dtype != torch.uint8:  # packing a region into a message
+        if dest.storage_offset() % source.itemsize == 0:
+            dest.view(source.dtype).view(source.shape).copy_(source)
+        else:
+            dest.copy_(source.contiguous().reshape(-1).view(torch.uint8))
+        return
+    raw = source if source.storage_offset() % dest.itemsize == 0 else source.clone()
+    dest.copy_(raw.view(dest.dtype).reshape(dest.shape))
 
 
 def _gather(obj: Any, group) -> list:
@@ -168,9 +229,11 @@ def _gather(obj: Any, group) -> list:
 
 
 def _agree(problem: str | None, group) -> None:
-    found = _gather(problem, group)
-    rank = dist.get_rank(group)
-    for r, text in enumerate(found):
+    _raise_first(_gather(problem, group), dist.get_rank(group))
+
+
+def _raise_first(problems: list[str | None], rank: int) -> None:
+    for r, text in enumerate(problems):
         if text:
             raise ReplicaError(text if r == rank else f"resharding from memory failed on rank {r}: {text}")
 
@@ -234,36 +297,48 @@ def hand_over(tiers: Sequence[ReplicaTier], *, active: int, group=None, round_by
     return received[0]
 
 
+def held_manifest(meta: CheckpointMeta) -> Manifest:
+    """The manifest of a checkpoint held in memory, parsed (its metadata shards, if any, are read
+    from the checkpoint when first used)."""
+    return Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
+                              checkpoint=meta.path, read_shard=CheckpointFiles(meta.path).read_shard)
+
+
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None
+                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None,
+                        parsed: Mapping[str, tuple[bytes, Manifest]] | None = None,
                         ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
 
     ``make_target(logical)`` returns this rank's load-direction fragment map and zeroed
     local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
-    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`). Returns the
-    checkpoint's JSON tree for this rank, the filled tensors, the map and a report.
+    checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`); ``parsed``:
+    manifests parsed ahead of a failure (path -> (manifest bytes, :func:`held_manifest`)), used
+    where their bytes are the held ones. Returns the checkpoint's JSON tree for this rank, the
+    filled tensors, the map and a report.
     """
     began = time.perf_counter()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     ck, meta = _newest(tiers, group, complete)
-    files = CheckpointFiles(meta.path)
-    manifest = Manifest.from_json(meta.manifest, source=f"{meta.path}/manifest.json (held in memory)",
-                                  checkpoint=meta.path, read_shard=files.read_shard)
+    ready = (parsed or {}).get(meta.path)
+    manifest = ready[1] if ready is not None and ready[0] == meta.manifest else held_manifest(meta)
     rmap = ReplicaMap.from_json(meta.replica_map, source=f"replica map of {meta.path}")
     blobs, corrupt = held_arrays(tiers, ck, rmap)
     index = {(name, frag.key, frag.region): i for name, entry in manifest.tensors.items()
              for i, frag in enumerate(entry.fragments)}  # as every rank numbers them
-    holders: dict[str, list[int]] = {}
-    for r, keys in enumerate(_gather(sorted(blobs), group)):
-        for key in keys:
-            holders.setdefault(key, []).append(r)
     logical = {n: _logical(manifest, n) for n in manifest.tensors}
     fmap, into = make_target(logical)
     load_plan, problem = _plan_reads(manifest, fmap, meta.path)
-    _agree(problem, group)  # every rank refuses together: none is left waiting in a collective
+    # one round: who holds what, and whether every rank could plan (all refuse together, so none
+    # is left waiting in a collective)
+    everyone = _gather((sorted(blobs), problem), group)
+    _raise_first([text for _, text in everyone], rank)
     assert load_plan is not None
+    holders: dict[str, list[int]] = {}
+    for r, (keys, _) in enumerate(everyone):
+        for key in keys:
+            holders.setdefault(key, []).append(r)
     plan: PeerPlan = assign_holders(load_plan, holders, rank, world)
     # Sources learn what to send: every rank's fetches, in one list all ranks agree on.
     asks = [(f.holder, f.logical, index[(f.logical, f.item.fragment.key, f.item.fragment.region)],
@@ -271,25 +346,56 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     everyone = _gather(asks, group)
     planned = time.perf_counter()
 
-    memory = _MemoryCheckpoint(manifest, rmap, blobs)
+    memory = _HeldFragments(manifest, rmap, blobs)
     transfers, parts = _coalesce(everyone, logical, round_bytes)
     mine = {(rank, i): f for i, f in enumerate(plan.fetches)}
     delivered: set = set()
 
-    def load(t: Transfer) -> bytes:
-        return b"".join(_bytes(memory.read(name, frag, Box(tuple(o), tuple(z))))
-                        for _, (_, name, frag, o, z), _ in parts[t.key])
+    def regions(t: Transfer):
+        for i, (_, name, frag, o, z), nbytes in parts[t.key]:
+            yield i, nbytes, (lambda name=name, frag=frag, o=o, z=z: memory.read(name, frag, Box(tuple(o), tuple(z))))
+
+    def load(t: Transfer):
+        """The transfer's regions back to back in one buffer (a lone contiguous region is sent in place)."""
+        items = list(regions(t))
+        if len(items) == 1:
+            region = items[0][2]()
+            if region.is_contiguous():
+                return _raw(region)
+            items = [(items[0][0], items[0][1], lambda region=region: region)]
+        buffer = torch.empty(t.nbytes, dtype=torch.uint8)
+        at = 0
+        for _, nbytes, region in items:
+            _copy_bytes(buffer[at:at + nbytes], region())
+            at += nbytes
+        return _raw(buffer)
 
     def deliver(t: Transfer, blob) -> None:
+        received = torch.frombuffer(blob, dtype=torch.uint8) if t.nbytes else torch.empty(0, dtype=torch.uint8)
         at = 0
-        for i, (_, name, _, _, _), nbytes in parts[t.key]:
+        for i, nbytes, _ in regions(t):
             f = mine[(rank, i)]
-            _put(local_view(into[f.dest_key], fmap, f), blob[at:at + nbytes], _dtype(logical[name].dtype))
+            _copy_bytes(local_view(into[f.dest_key], fmap, f), received[at:at + nbytes])
             delivered.add((rank, i))
             at += nbytes
 
     try:
-        problems = exchange(transfers, load=load, deliver=deliver, group=group, round_bytes=round_bytes)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)  # held bytes: read only
+            # a rank's own regions never enter the exchange: copied straight from its memory afterwards,
+            # so its peers never wait for them
+            problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver, group=group,
+                                round_bytes=round_bytes)
+            for t in transfers:
+                if t.source == t.dest == rank:
+                    try:
+                        for i, _, region in regions(t):
+                            f = mine[(rank, i)]
+                            local_view(into[f.dest_key], fmap, f).copy_(region())
+                            delivered.add((rank, i))
+                    except UcpError as err:
+                        problems.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
+                                        f"{type(err).__name__}: {err}")
     finally:
         memory.close()
     transferred = time.perf_counter()

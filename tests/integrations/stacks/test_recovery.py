@@ -49,3 +49,12 @@ def test_plan_refuses_a_checkpointer_that_does_not_run_on_the_stack():
         FailurePlan(stack="native", before="dp=2", after="dp=1", save_every=5, kill_after_step=2)
     with pytest.raises(ValueError, match="kill_rank 4 is not a rank of dp=2"):
         FailurePlan(stack="native", before="dp=2", after="dp=1", kill_rank=4)
+
+
+@pytest.mark.slow
+def test_a_bf16_restart_is_compared_bit_for_bit(tmp_path):
+    # bf16 parameters have no numpy dtype: the load's check compares their bit patterns
+    plan = FailurePlan(stack="megatron", before="tp=2,zero=1", after="dp=1,zero=1", steps=5, save_every=3,
+                       kill_after_step=3, kill_rank=1, settings=TrainSettings(precision="bf16"), verify_load=True)
+    report = run_with_failure(plan, tmp_path / "run")
+    assert report.resumed_from == 3 and report.verified_tensors > 0 and not report.verify_mismatches

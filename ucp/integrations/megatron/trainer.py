@@ -47,6 +47,12 @@ def megatron_program(cfg: LlamaConfig, states: tuple[str, ...]) -> str:
     return f"{cfg.megatron_program()},states={'|'.join(states)}"
 
 
+def saved_states(layout: Layout, settings: TrainSettings) -> tuple[str, ...]:
+    """The optimizer states a run under ``layout`` saves: fp32 masters apart from the parameters
+    under ZeRO or in mixed precision, and Adam's moments."""
+    return ("fp32", *STATES) if layout.zero > 0 or settings.mixed else STATES
+
+
 def _natural(key: str):
     import re
 
@@ -163,8 +169,7 @@ class MegatronTrainer(CheckpointSaving):
         return megatron_program(self.cfg, states)
 
     def _states(self) -> tuple[str, ...]:
-        separate = self.layout.zero > 0 or self.settings.mixed  # fp32 masters apart from the parameters
-        return ("fp32", *STATES) if separate else STATES
+        return saved_states(self.layout, self.settings)
 
     def run_info(self) -> dict:
         return {"stack": self.stack, "layout": str(self.layout), "model": str(self.cfg),

@@ -35,6 +35,8 @@ from ucp.integrations.stacks.common import TrainSettings
 
 __all__ = ["HotPlan", "HotReport", "HeldMemory", "run_hot", "hot_worker"]
 
+MAX_TIMEOUT_S = 3600.0  # every wait of a hot recovery is bounded; an hour is past any sane setting
+
 
 @dataclass(frozen=True)
 class HotPlan:
@@ -58,6 +60,11 @@ class HotPlan:
     memory_bytes: int = 16 << 30
     collective_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
+    # how long a process waits for the next generation that names it (a spare from the start, an
+    # idle one while the others train, a survivor while the agent re-forms): past it, it fails
+    # with RendezvousTimeout instead of waiting for ever. Raise it where building the model or a
+    # step takes longer (the 1 GiB bench: ~60 s and ~30 s a step on 2 shared cores).
+    rendezvous_timeout_s: float = 60.0
     cold_cache: bool = False  # drop the checkpoints from the page cache just before the kill
     hang: bool = False        # SIGSTOP instead of SIGKILL: the agent's heartbeat watchdog must find it
 
@@ -66,6 +73,11 @@ class HotPlan:
 
         if self.stack not in HOT_STACKS:
             raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {self.stack!r}")
+        for name in ("collective_timeout_s", "hang_timeout_s", "rendezvous_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_TIMEOUT_S:
+                raise ValueError(f"HotPlan.{name} must be above 0 and at most {MAX_TIMEOUT_S:.0f} s "
+                                 f"(a bound on a wait, never an endless one), got {value}")
         first = min(self.save_every, self.snapshot_every or self.save_every)
         if not first <= self.kill_after_step < self.steps:
             raise ValueError(f"kill_after_step ({self.kill_after_step}) must be at least save_every or "
@@ -111,6 +123,7 @@ class HotReport:
 def _verify(ctx: ElasticContext, trainer, path: str, tree_rng: str | None, rng_before: str) -> None:
     """Every logical tensor the new layout holds against the checkpoint's, bit for bit (rank 0 reports)."""
     import ucp
+    from ucp.dtypes import to_numpy
     from ucp.integrations.stacks.transition import compare_snapshots
 
     import torch.distributed as dist
@@ -120,8 +133,9 @@ def _verify(ctx: ElasticContext, trainer, path: str, tree_rng: str | None, rng_b
     dist.all_gather_object(flags, tree_rng is None or tree_rng == rng_before)
     if ctx.rank != 0:
         return
-    saved = {n: ucp.read_tensor(path, n).numpy() for n in ucp.CheckpointReader(path).logical()}
-    loaded = {n: t.float().numpy() for n, t in snapshot.items()}
+    # storage dtypes (bf16 as its bit pattern: numpy has no bfloat16), so the comparison is bitwise
+    saved = {n: to_numpy(ucp.read_tensor(path, n)) for n in ucp.CheckpointReader(path).logical()}
+    loaded = {n: to_numpy(t) for n, t in snapshot.items()}
     ctx.emit("verified", tensors=len(loaded), mismatches=compare_snapshots(saved, loaded), rng_ok=all(flags))
 
 
@@ -144,10 +158,43 @@ class HeldMemory:
     tiers: list
     snapshot_tiers: list
     complete: set[str] = field(default_factory=set)
+    programs: dict = field(default_factory=dict)  # UCL program text -> parsed (ucl.BoundProgram)
+    manifests: dict = field(default_factory=dict)  # complete path -> (manifest bytes, parsed Manifest)
 
     @property
     def all_tiers(self) -> list:
         return [*self.tiers, *self.snapshot_tiers]
+
+    def prepare(self, path: str, *, keep: int = 4) -> None:
+        """Parse the manifest of ``path`` (just replicated) in a background thread, so that a
+        recovery from it finds it parsed (0.1-0.3 s here otherwise, on the recovery's critical
+        path). Best effort: a parse that has not finished or failed is redone by the recovery."""
+        import threading
+
+        from ucp.replication.hot_reshard import held_manifest
+
+        def parse() -> None:
+            try:
+                meta = next(m for tier in self.all_tiers for ck in tier.checkpoints()
+                            if (m := tier.get_meta(ck)) is not None and m.path == path)
+                self.manifests[path] = (meta.manifest, held_manifest(meta))
+                for old in list(self.manifests)[:-keep]:
+                    self.manifests.pop(old, None)
+            except Exception:  # noqa: BLE001 - an optimisation only: the recovery parses it itself
+                pass
+
+        threading.Thread(target=parse, name="ucp-parse-manifest", daemon=True).start()
+
+    def program(self, text):
+        """``text`` (a UCL program reference) parsed once per process, then reused by every save and
+        every re-forming: parsing the preset takes ~0.5 s, which a recovery would otherwise pay."""
+        if not isinstance(text, str):
+            return text
+        if text not in self.programs:
+            from ucp import ucl
+
+            self.programs[text] = ucl.load_program(text)
+        return self.programs[text]
 
 
 def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, directory: str, snapshot_dir: str,
@@ -162,6 +209,8 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, direct
 
     _, options = trainer.checkpoint_state()
     options.pop("process_group")
+    if "program" in options:
+        options["program"] = held.program(options["program"])
     manager = CheckpointManager(directory, save_policy=EveryNSteps(plan.save_every), retention=KeepLast(2),
                                 process_group=dist.group.WORLD, save_options=options,
                                 replicas=ReplicaManager(tiers=held.tiers, replicas=1, keep=1))
@@ -191,7 +240,9 @@ def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, direct
             began = time.perf_counter()
             state = trainer.checkpoint_state()[0]
             # either returns once the copies are in peers' memory on every rank: complete
-            held.complete.add(snapshots.save(step, state) if snapshot else manager.save(step, state))
+            path = snapshots.save(step, state) if snapshot else manager.save(step, state)
+            held.complete.add(path)
+            held.prepare(path)
             if ctx.uid == plan.corrupt_uid and not snapshot:
                 for tier in held.tiers:
                     for ck in tier.checkpoints():
@@ -212,6 +263,12 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir:
     from ucp.replication.replica_tiers import MemoryTier
 
     held = HeldMemory([MemoryTier(capacity_bytes=plan.memory_bytes)], [MemoryTier(capacity_bytes=plan.memory_bytes)])
+    if plan.stack == "megatron":  # parsed now (a spare too, while it waits), not while recovering
+        from ucp.integrations.megatron.trainer import megatron_program, saved_states
+        from ucp.layout import Layout
+
+        held.program(megatron_program(LlamaConfig.parse(plan.model), saved_states(Layout.parse(plan.layout),
+                                                                                  plan.settings)))
     membership = ctx.join(after=-1)
     error = None
     while membership is not None:
@@ -223,7 +280,7 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir:
                 return _train(ctx, plan, trainer, held, directory, snapshot_dir, None)
             if membership.rank == 0:
                 ctx.emit("formed", t=time.monotonic(), generation=membership.generation)
-            trainer, path = recover(ctx, plan, held.all_tiers, held.complete)
+            trainer, path = recover(ctx, plan, held)
             if trainer is not None:
                 return _train(ctx, plan, trainer, held, directory, snapshot_dir, path)
         except (RuntimeError, ReplicaError) as err:  # a peer is gone (gloo raises RuntimeError subclasses)
@@ -258,7 +315,8 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
     agent = ElasticAgent(hot_worker, args=(plan, directory, snapshot_dir), layout=plan.layout, spares=plan.spares,
                          **({"preload": WITH_DEEPSPEED} if plan.stack == "deepspeed" else {}),
                          check=layout_check(plan.stack, plan.model, plan.settings), override=plan.override,
-                         collective_timeout_s=plan.collective_timeout_s, hang_timeout_s=plan.hang_timeout_s)
+                         collective_timeout_s=plan.collective_timeout_s, hang_timeout_s=plan.hang_timeout_s,
+                         rendezvous_timeout_s=plan.rendezvous_timeout_s)
     times: dict[str, float] = {}
     saved: list[int] = []
     verify_s = [0.0]

@@ -2,7 +2,7 @@
 
 :func:`ucp.integrations.stacks.hot.run_hot` is one loop for every stack; the stack names
 two things. ``layout_check(stack, model, settings)`` is the planner's constraint (the
-layouts the stack's trainer accepts for this model). ``recover(ctx, plan, tiers)`` runs on
+layouts the stack's trainer accepts for this model). ``recover(ctx, plan, held)`` runs on
 every process of a re-formed generation and returns the rank's trainer, filled with the
 newest checkpoint held in memory (None on a rank left idle):
 
@@ -83,12 +83,17 @@ def layout_check(stack: str, model: str, settings: TrainSettings) -> Callable[[L
     raise ValueError(f"hot recovery runs the {', '.join(HOT_STACKS)} stacks, not {stack!r}")
 
 
-def recover(ctx, plan, tiers, complete: set[str]) -> tuple[Any, str | None]:
+def recover(ctx, plan, held) -> tuple[Any, str | None]:
     """This process's trainer under the new generation's layout, filled from the newest complete
-    checkpoint or snapshot held in memory (``complete``: the paths this process saw replicated on
-    every rank), and its path; ``(None, None)`` on a process left idle (it has left the group)."""
-    recover_stack = {"native": _recover_native, "deepspeed": _recover_deepspeed}.get(plan.stack, _recover_megatron)
-    return recover_stack(ctx, plan, tiers, complete)
+    checkpoint or snapshot held in memory (``held``: the process's
+    :class:`~ucp.integrations.stacks.hot.HeldMemory`; its ``complete``, the paths this process saw
+    replicated on every rank), and its path; ``(None, None)`` on a process left idle (it has left
+    the group)."""
+    if plan.stack == "native":
+        return _build_first(ctx, plan, held, _fill_native)
+    if plan.stack == "deepspeed":
+        return _recover_deepspeed(ctx, plan, held)
+    return _recover_megatron(ctx, plan, held)
 
 
 def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) -> None:
@@ -105,7 +110,7 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
                  layout=str(ctx.membership.layout), ranks=everyone)
 
 
-def _recover_megatron(ctx, plan, tiers, complete):
+def _recover_megatron(ctx, plan, held):
     import torch
 
     from ucp import ucl
@@ -124,13 +129,13 @@ def _recover_megatron(ctx, plan, tiers, complete):
             return FragmentMap(rank=m.rank, logical={}), {}
         masters.append(any(name.endswith("/fp32") for name in logical))
         states = ("fp32", *STATES) if masters[0] else STATES
-        fmap = ucl.spec_for_load(megatron_program(cfg, states), m.layout, m.rank, logical)
+        fmap = ucl.spec_for_load(held.program(megatron_program(cfg, states)), m.layout, m.rank, logical)
         into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
         return fmap, into
 
     began = time.perf_counter()
-    tree, into, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes,
-                                                  complete=complete)
+    tree, into, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                  complete=held.complete, parsed=held.manifests)
     if m.active < m.world:  # idle ranks leave; the training ones form their own group
         if not m.training:
             ctx.emit("idle", elements=report.elements)
@@ -151,7 +156,7 @@ def native_target(trainer, logical: dict):
     return trainer.load_target(logical, "the checkpoint held in memory")
 
 
-def _build_first(ctx, plan, tiers, complete, fill):
+def _build_first(ctx, plan, held, fill):
     """Recovery for a stack whose model must exist before its map does (native, DeepSpeed): idle
     processes hand over and leave, the training ranks form their group, build, and reshard;
     ``fill(trainer, logical) -> (fmap, into, finish)``, ``finish(tree)`` takes the tensors in."""
@@ -165,7 +170,7 @@ def _build_first(ctx, plan, tiers, complete, fill):
     began = time.perf_counter()
     handed = 0
     if m.active < m.world:
-        handed = hand_over(tiers, active=m.active, round_bytes=plan.round_bytes, complete=complete)
+        handed = hand_over(held.all_tiers, active=m.active, round_bytes=plan.round_bytes, complete=held.complete)
         if not m.training:
             ctx.emit("idle", handed_bytes=handed)
             ctx.leave()
@@ -183,7 +188,8 @@ def _build_first(ctx, plan, tiers, complete, fill):
         return fmap, into
 
     with torch.no_grad():
-        tree, _, _, report = reshard_from_memory(tiers, make_target, round_bytes=plan.round_bytes, complete=complete)
+        tree, _, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                 complete=held.complete, parsed=held.manifests)
         finish[0](tree)
     _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,
                                      "reshard": time.perf_counter() - built}, {"handed_bytes": handed})
@@ -214,11 +220,7 @@ def _fill_deepspeed(trainer, logical: dict):
     return fmap, into, lambda tree: trainer.load_tensors(into, tree)
 
 
-def _recover_native(ctx, plan, tiers, complete):
-    return _build_first(ctx, plan, tiers, complete, _fill_native)
-
-
-def _recover_deepspeed(ctx, plan, tiers, complete):
+def _recover_deepspeed(ctx, plan, held):
     from ucp.integrations.deepspeed.trainer import import_deepspeed
 
     import_deepspeed()
@@ -228,4 +230,4 @@ def _recover_deepspeed(ctx, plan, tiers, complete):
     # would reuse the old generation's, now destroyed ("Group ... is not registered"). Its own
     # destroy_process_group releases them; the elastic context destroyed torch's groups directly.
     groups._release_process_group_references(None)
-    return _build_first(ctx, plan, tiers, complete, _fill_deepspeed)
+    return _build_first(ctx, plan, held, _fill_deepspeed)

@@ -199,6 +199,7 @@ def train_worker(ctx, plan: FailurePlan, layout: str, directory: str, resume_fro
 def _verify_load(ctx, trainer, path: str) -> None:
     """Rank 0: every logical tensor the new layout holds against the checkpoint's, bit for bit."""
     import ucp
+    from ucp.dtypes import to_numpy
     from ucp.integrations.stacks.transition import compare_snapshots
 
     began = time.perf_counter()
@@ -207,8 +208,9 @@ def _verify_load(ctx, trainer, path: str) -> None:
         return
     with ucp.CheckpointReader(path) as reader:
         names = set(reader.logical())
-    saved = {n: ucp.read_tensor(path, n).numpy() for n in names if n in snapshot or f"{n}/fp32" in snapshot}
-    loaded = {n: t.float().numpy() for n, t in snapshot.items()}
+    # storage dtypes (bf16 as its bit pattern: numpy has no bfloat16), so the comparison is bitwise
+    saved = {n: to_numpy(ucp.read_tensor(path, n)) for n in names if n in snapshot or f"{n}/fp32" in snapshot}
+    loaded = {n: to_numpy(t) for n, t in snapshot.items()}
     ctx.emit("verified", tensors=len(loaded), mismatches=compare_snapshots(saved, loaded),
              seconds=time.perf_counter() - began)
 

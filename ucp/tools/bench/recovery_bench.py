@@ -47,7 +47,6 @@ interval for the median (order statistics; with 5 repeats the widest, min..max, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import shutil
@@ -120,29 +119,7 @@ SCENARIOS = (
 )
 
 
-RENDEZVOUS_TIMEOUT_S = 900.0
-
-
-@contextlib.contextmanager
-def agent_rendezvous_timeout(seconds: float):
-    """Raise the elastic agent's default rendezvous timeout while ``run_hot`` runs.
-
-    ``run_hot`` builds its :class:`~ucp.integrations.elastic.ElasticAgent` with the default 60 s,
-    which is also how long a waiting spare or an idle rank waits for the next generation; a
-    1 GiB run on this machine builds for about a minute and trains 20 s a step, so the spare
-    (waiting from the start) and the idle rank (waiting while the others train on) time out.
-    ``HotPlan`` does not carry the timeout yet; until it does, the bench sets the default.
-    """
-    from ucp.integrations.elastic import ElasticAgent
-
-    defaults = ElasticAgent.__init__.__kwdefaults__
-    assert defaults is not None, "ElasticAgent's options are keyword-only with defaults"
-    old = defaults["rendezvous_timeout_s"]
-    defaults["rendezvous_timeout_s"] = seconds
-    try:
-        yield
-    finally:
-        defaults["rendezvous_timeout_s"] = old
+RENDEZVOUS_TIMEOUT_S = 900.0  # a spare waits while a 1 GiB job builds (~60 s) and trains (~30 s a step)
 
 
 def not_run_reason(scenario: Scenario, system: str) -> str | None:
@@ -180,9 +157,8 @@ def _measure_hot(scenario: Scenario, size: Size, directory: Path, verify: bool) 
     plan = HotPlan(layout=BEFORE, model=size.model, settings=size.settings, steps=size.steps,
                    save_every=size.save_every, kill_after_step=size.kill_after, kill_uid=1,
                    spares=1 if scenario.spare else 0, cold_cache=True, verify=verify, collective_timeout_s=120.0,
-                   hang_timeout_s=120.0)
-    with agent_rendezvous_timeout(RENDEZVOUS_TIMEOUT_S):
-        r = run_hot(plan, directory)
+                   hang_timeout_s=120.0, rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S)
+    r = run_hot(plan, directory)
     return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
             "bitwise": r.bitwise if verify else None, "layout": r.layout_after,
             "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
