@@ -20,6 +20,7 @@ system's, the order alternating), and peak RSS per rank in each phase
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -119,7 +120,7 @@ def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
         for rep in range(repeats):
             for system in (("ucp", "dcp") if rep % 2 == 0 else ("dcp", "ucp")):
                 path = dirs[system] if rep == repeats - 1 else f"{dirs[system]}-{rep}"
-                report[system].append(_timed(lambda: saves[system](path)))
+                report[system].append(_timed(functools.partial(saves[system], path)))
                 dist.barrier()
                 if rank == 0 and rep < repeats - 1:
                     shutil.rmtree(path)
