@@ -116,3 +116,9 @@ def test_metadata_bytes_count_the_manifest_and_its_shards(tmp_path):
     shard.write_text("{}" * 50)
     assert metadata_summary(str(tmp_path / "u"), str(tmp_path / "d"))["ucp"]["metadata_bytes"] == \
         before["ucp"]["metadata_bytes"] + 100
+
+
+def test_cli_refuses_unknown_store_options(capsys):
+    assert ucl_reshard.main(["--zero1", "--store-options", "packs=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ucl_reshard: store option 'packs=0' is not NAME=VALUE with a known NAME (chunk_bytes, ")

@@ -41,6 +41,7 @@ from ucp.tools.bench.megatron_state import (
     zero_state,
 )
 from ucp.layout import Layout
+from ucp.stores import StoreOptions
 
 __all__ = ["run_zero1", "print_zero1", "metadata_summary", "init_gloo", "free_port", "PeakRss"]
 
@@ -98,7 +99,7 @@ def _ucp_tree(params: dict, flats: dict) -> dict:
 
 
 def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: str, dcp_dir: str, out: str,
-                 repeats: int = 1) -> None:
+                 repeats: int = 1, store_options: str = "") -> None:
     import torch.distributed.checkpoint as dcp
 
     import ucp
@@ -106,11 +107,12 @@ def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
     init_gloo(rank, world, port)
     try:
         lay = Layout.parse(layout)
+        options = StoreOptions.parse(store_options)
         params, flats = rank_state(cfg, lay, rank)
         state = drop_replicas(dcp_state(cfg, lay, rank, params, flats, _mesh(lay)), lay, rank)
         saves = {
             "ucp": lambda path: ucp.save(_ucp_tree(params, flats), path, program=_program(cfg), layout=lay,
-                                         process_group=dist.group.WORLD),
+                                         process_group=dist.group.WORLD, store_options=options),
             "dcp": lambda path: dcp.save(state, checkpoint_id=path),
         }
         dirs = {"ucp": ucp_dir, "dcp": dcp_dir}
@@ -148,7 +150,7 @@ def _check(cfg, lay: Layout, rank: int, params: dict, flats: dict) -> tuple[bool
 
 
 def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: str, dcp_dir: str, out: str,
-                 repeats: int) -> None:
+                 repeats: int, store_options: str = "") -> None:
     import torch.distributed.checkpoint as dcp
 
     from ucp import ucl
@@ -169,7 +171,9 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
         # DCP: the same shapes, described as Megatron-core describes them (built inside the timing)
         dcp_params, dcp_flats = zero_state(cfg, lay, rank)
         mesh = _mesh(lay)
-        loads = {"ucp": lambda: ucp.load(ucp_dir, into=tree, program=_program(cfg), layout=lay, rank=rank),
+        options = StoreOptions.parse(store_options)
+        loads = {"ucp": lambda: ucp.load(ucp_dir, into=tree, program=_program(cfg), layout=lay, rank=rank,
+                                         store_options=options),
                  "dcp": lambda: dcp.load(dcp_state(cfg, lay, rank, dcp_params, dcp_flats, mesh), checkpoint_id=dcp_dir)}
         runs: dict[str, list] = {"ucp": [], "dcp": []}
         for rep in range(repeats):  # interleaved, the order alternating, so drift hits both systems alike
@@ -243,15 +247,19 @@ def _load_ranks(out: str, prefix: str, world: int) -> list[dict]:
     return ranks
 
 
-def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: int = 1) -> dict:
-    """Save ``source`` (a tp x dp zero=1 layout) with both systems, load into ``target``; the report dict."""
+def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: int = 1, store_options: str = "") -> dict:
+    """Save ``source`` (a tp x dp zero=1 layout) with both systems, load into ``target``; the report dict.
+
+    ``store_options``: ucp's :class:`~ucp.stores.StoreOptions` in their string form (e.g.
+    ``"pack_max_bytes=0"`` for an array per fragment instead of packs), for saves and loads.
+    """
     src, tgt = check_layout(Layout.parse(source)), check_layout(Layout.parse(target))
     cfg = model_for(gib, tp=max(src.tp, tgt.tp))
     ucp_dir, dcp_dir, out = (os.path.join(workdir, n) for n in ("ucp", "dcp", "reports"))
     os.makedirs(out, exist_ok=True)
-    mp.spawn(_save_worker, args=(src.world_size, free_port(), cfg, str(src), ucp_dir, dcp_dir, out, repeats),
+    mp.spawn(_save_worker, args=(src.world_size, free_port(), cfg, str(src), ucp_dir, dcp_dir, out, repeats, store_options),
              nprocs=src.world_size, join=True)
-    mp.spawn(_load_worker, args=(tgt.world_size, free_port(), cfg, str(tgt), ucp_dir, dcp_dir, out, repeats),
+    mp.spawn(_load_worker, args=(tgt.world_size, free_port(), cfg, str(tgt), ucp_dir, dcp_dir, out, repeats, store_options),
              nprocs=tgt.world_size, join=True)
     saves, loads = _load_ranks(out, "save", src.world_size), _load_ranks(out, "load", tgt.world_size)
     meta = metadata_summary(ucp_dir, dcp_dir)
@@ -279,7 +287,7 @@ def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: in
               for k in ("fragments", "metadata_bytes", "save_seconds", "load_seconds", "save_peak_rss_gib",
                         "load_peak_rss_gib", "disk_bytes")}
     nbytes = state_bytes(cfg)
-    return {"kind": "zero1", "source": str(src), "target": str(tgt), "model": str(cfg),
+    return {"kind": "zero1", "source": str(src), "target": str(tgt), "model": str(cfg), "store_options": store_options,
             "state_gib": sum(nbytes.values()) / 2**30, "optimizer_gib": nbytes["optimizer"] / 2**30,
             "dir": workdir, "systems": systems, "ratios": ratios,
             "identical": all(r["ucp"]["check"][1] == r["dcp"]["check"][1] for r in loads)}
