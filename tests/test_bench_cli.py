@@ -42,3 +42,18 @@ def test_the_order_of_the_methods_rotates_every_repeat(tmp_path):
                            measure_rss=False, cold_start=False)
     firsts = [t.method for t in report.timings if t.method in ("raw", "torch.save", "ucp")][::3]
     assert firsts == ["raw", "torch.save", "ucp"]
+
+
+def test_the_fresh_process_probes_find_ucp_compiled_as_an_installation_has_it():
+    # Without it a checkout run with PYTHONDONTWRITEBYTECODE=1 compiles ucp in every fresh
+    # process, and the first save pays for what an installed ucp never does.
+    import importlib.util
+    from pathlib import Path
+
+    import ucp
+    from ucp.tools.bench.cold_start import compile_bytecode
+
+    assert compile_bytecode()
+    package = Path(ucp.__file__).resolve().parent
+    for module in ("api.py", "writer.py", "stores/local.py"):
+        assert Path(importlib.util.cache_from_source(str(package / module))).is_file(), module

@@ -80,7 +80,7 @@ def test_cli_refuses_another_layout(capsys):
 @pytest.mark.slow
 def test_zero1_smoke_4_to_2(tmp_path, capsys):
     argv = ["--zero1", "--gib", "0.005", "--source", "tp=2,dp=2,zero=1", "--target", "tp=2,dp=1,zero=1",
-            "--repeats", "1", "--dir", str(tmp_path), "--json"]
+            "--repeats", "2", "--dir", str(tmp_path), "--json"]
     assert ucl_reshard.main(argv) == 0
     [report] = json.loads(capsys.readouterr().out)
     assert report["identical"] and report["optimizer_gib"] >= 0.005
@@ -91,6 +91,8 @@ def test_zero1_smoke_4_to_2(tmp_path, capsys):
         assert s["disk_bytes"] >= report["state_gib"] * 2**30
         for key in ("save_seconds", "load_seconds", "save_peak_rss_gib", "load_peak_rss_gib"):
             assert s[key] > 0, (system, key)
+        for key in ("save_seconds", "load_seconds"):  # saves repeat too, interleaved: median (min-max)
+            assert 0 < s[f"{key}_min"] <= s[key] <= s[f"{key}_max"], (system, key)
     assert set(report["ratios"]) == {"fragments", "metadata_bytes", "save_seconds", "load_seconds",
                                      "save_peak_rss_gib", "load_peak_rss_gib", "disk_bytes"}
     assert list(tmp_path.iterdir()) == []  # the work directory is removed
@@ -114,3 +116,9 @@ def test_metadata_bytes_count_the_manifest_and_its_shards(tmp_path):
     shard.write_text("{}" * 50)
     assert metadata_summary(str(tmp_path / "u"), str(tmp_path / "d"))["ucp"]["metadata_bytes"] == \
         before["ucp"]["metadata_bytes"] + 100
+
+
+def test_cli_refuses_unknown_store_options(capsys):
+    assert ucl_reshard.main(["--zero1", "--store-options", "packs=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ucl_reshard: store option 'packs=0' is not NAME=VALUE with a known NAME (chunk_bytes, ")

@@ -247,12 +247,6 @@ class BaseStore:
         start = offset - key[1]
         return np.frombuffer(bytearray(data[start : start + nbytes]), dtype=np_dtype).reshape(shape)
 
-    def open_pack(self, rel: str) -> Any:
-        """A writer of the pack ``rel``, filled fragment by fragment (:mod:`ucp.stores.pack_files`)."""
-        from ucp.stores.pack_files import BufferedPackWriter
-
-        return BufferedPackWriter(rel, self.write_pack)
-
     def read_packed_into(
         self,
         rel: str,

@@ -159,6 +159,20 @@ class FsspecStore(BaseStore):
         self.fs.pipe_file(self.path(rel, chunk_key((total,), 0)), data)
         return done_future(hexdigests(hasher, arrays))
 
+    def open_pack(self, rel: str) -> Any:
+        """A writer of the pack ``rel`` that streams its fragments into one object as they come
+        (:class:`~ucp.stores.pack_files.StreamingPackWriter`): no copy of the pack is held."""
+        from ucp.stores.pack_files import StreamingPackWriter, pack_metadata
+
+        relative_parts(rel, self.display())
+        path = self.path(rel, chunk_key((1,), 0))
+        return StreamingPackWriter(
+            lambda: self.fs.open(path, "wb"),
+            lambda nbytes: self._put_zarr_json(rel, pack_metadata(nbytes)),
+            remove=lambda: self.fs.rm(path) if self.fs.exists(path) else None,
+            piece_bytes=self.options.write_piece_bytes,
+        )
+
     def _put_zarr_json(self, rel: str, metadata: dict) -> None:
         self.fs.pipe_file(
             self.path(rel, "zarr.json"), json.dumps({"zarr_format": 3, "node_type": "array", **metadata}).encode()

@@ -10,8 +10,9 @@ and ``close`` sizes the file, makes it durable once, and writes the pack's ``zar
     pack.close(array.nbytes).result()
 
 :class:`LocalPackWriter` writes with ``pwrite`` from the store's I/O threads straight from the
-tensor's memory (one open file, one ``fsync``); :class:`BufferedPackWriter` gathers the bytes
-and hands the whole pack to the store's ``write_pack`` (object stores write whole objects).
+tensor's memory (one open file, one ``fsync``); :class:`StreamingPackWriter` streams the
+fragments, in offset order, into one file of an fsspec store (object stores: one object,
+uploaded in parts as it fills).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ucp.file_io import done_future, hexdigests, little_endian
+from ucp.file_io import done_future, little_endian
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
 
-__all__ = ["BufferedPackWriter", "LocalPackWriter", "PackWriter", "chunk_spans", "pack_metadata"]
+__all__ = ["LocalPackWriter", "PackWriter", "StreamingPackWriter", "chunk_spans", "pack_metadata"]
 
 
 def pack_metadata(nbytes: int) -> dict:
@@ -147,27 +148,75 @@ class LocalPackWriter:
             self._fd = None
 
 
-class BufferedPackWriter:
-    """A pack gathered in memory and handed whole to ``write_pack(rel, [bytes], align=1)`` at close."""
+class StreamingPackWriter:
+    """A pack streamed to an object store as it fills (see the module docstring).
 
-    def __init__(self, rel: str, write_pack: Callable[..., Future]) -> None:
-        self._rel, self._write_pack = rel, write_pack
-        self._buffer = bytearray()
+    The writer puts fragments at increasing offsets, so each goes straight into one open
+    file of the store (``open_file()``; s3fs uploads it in parts as they fill, and the object
+    appears whole at ``close``), hashed piece by piece as it goes: a save holds no copy of the
+    pack. ``put_metadata(nbytes)`` writes the pack's ``zarr.json`` once the file is closed.
+    """
+
+    def __init__(
+        self,
+        open_file: Callable[[], Any],
+        put_metadata: Callable[[int], None],
+        *,
+        remove: Callable[[], None] = lambda: None,
+        piece_bytes: int = 1 << 20,
+    ) -> None:
+        self._open, self._put_metadata, self._remove = open_file, put_metadata, remove
+        self._piece = piece_bytes
+        self._fh: Any = None
+        self._at = 0  # bytes of the file written so far
 
     def write(
         self, offset: int, array: np.ndarray, *, chunk_rows: int, hasher: Callable[[], Any] | None
     ) -> list[Future]:
+        """Append ``array``'s chunks at ``offset`` (after a zero fill up to it): futures of their digests, done."""
+        assert offset >= self._at, f"pack fragments are written in offset order: {offset} after {self._at}"
         flat, spans = _chunk_views(array, chunk_rows)
-        end = offset + flat.nbytes
-        if len(self._buffer) < end:
-            self._buffer.extend(bytes(end - len(self._buffer)))
-        self._buffer[offset:end] = flat.data
-        return [done_future(d) for d in hexdigests(hasher, [flat[a:b] for a, b in spans])]
+        if self._fh is None:
+            self._fh = self._open()
+        self._fill(offset)
+        found = []
+        for a, b in spans:
+            digest = hasher() if hasher is not None else None
+            view = flat[a:b].data
+            for start in range(0, view.nbytes, self._piece):
+                piece = view[start : start + self._piece]
+                if digest is not None:
+                    digest.update(piece)
+                self._fh.write(piece)
+            found.append(done_future(digest.hexdigest() if digest is not None else None))
+        self._at = offset + flat.nbytes
+        return found
+
+    def _fill(self, upto: int) -> None:
+        while self._at < upto:
+            step = min(upto - self._at, self._piece)
+            self._fh.write(bytes(step))
+            self._at += step
 
     def close(self, nbytes: int) -> Future:
-        data = np.frombuffer(bytes(self._buffer[:nbytes].ljust(nbytes, b"\0")), dtype=np.uint8)
-        self._buffer = bytearray()
-        return self._write_pack(self._rel, [data], align=1)
+        """The file filled up to ``nbytes`` and closed (the object appears whole), then its ``zarr.json``."""
+        if self._fh is None:
+            self._fh = self._open()
+        self._fill(nbytes)
+        fh, self._fh = self._fh, None
+        fh.close()
+        self._put_metadata(nbytes)
+        return done_future(None)
 
     def abandon(self) -> None:
-        self._buffer = bytearray()
+        """The save is thrown away: an unfinished upload is cancelled, never completed; what the
+        store shows already (the memory filesystem's file exists from its opening) is removed."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        discard = getattr(fh, "discard", None)
+        if discard is not None:
+            discard()  # fsspec's buffered files (s3fs: abort the multipart upload)
+        else:
+            fh.close()
+        self._remove()

@@ -5,7 +5,7 @@ thread pools, first-touch page faults of the library's own buffers) lands there.
 ``python -m ucp.tools.bench.cold_start SIZE_GIB DIR`` builds the state *before* importing
 ucp, then times: the first save, the first load (page cache dropped), and the third
 save and load (warm); prints JSON. :func:`measure_cold_start` runs it in fresh
-interpreters.
+interpreters, after compiling ucp's bytecode (as an installation has it).
 
 Example::
 
@@ -64,8 +64,12 @@ def main(argv: list[str]) -> int:
 def measure_cold_start(
     *, size_gib: float, directory: Path, runs: int = 3, kind: str = "matrices"
 ) -> list[tuple[tuple, tuple]]:
-    """``runs`` fresh interpreters: ``[((first save s, first load s), (warm save s, warm load s)), ...]``."""
+    """``runs`` fresh interpreters: ``[((first save s, first load s), (warm save s, warm load s)), ...]``.
+
+    ucp's bytecode is compiled first (:func:`compile_bytecode`), as installing a package does.
+    """
     repo_root = Path(__file__).resolve().parents[3]
+    compile_bytecode()
     out = []
     for _ in range(runs):
         done = subprocess.run([sys.executable, "-m", "ucp.tools.bench.cold_start", str(size_gib), str(directory), kind],
@@ -75,6 +79,24 @@ def measure_cold_start(
         found = json.loads(done.stdout.strip().splitlines()[-1])
         out.append((tuple(found["first"]), tuple(found["warm"])))
     return out
+
+
+def compile_bytecode() -> bool:
+    """Compile ucp's modules to bytecode where it is missing; whether every module has it now.
+
+    ``pip install`` does this, so an installed ucp never compiles its source in a fresh
+    process. A source checkout run with ``PYTHONDONTWRITEBYTECODE=1`` would: ~0.2 s of the
+    first save that an installation never pays (measured: 44 modules, 0.19 s).
+    """
+    import compileall
+
+    import ucp
+
+    package = Path(ucp.__file__).resolve().parent
+    try:
+        return bool(compileall.compile_dir(str(package), quiet=2, workers=1))
+    except OSError:  # a read-only installation: its bytecode was compiled when it was installed
+        return False
 
 
 if __name__ == "__main__":

@@ -393,6 +393,9 @@ def run_benchmark(
                 for first, warm in measure_cold_start(size_gib=size_gib, directory=work, runs=min(repeats, 3), kind=kind):
                     report.timings.append(Timing("ucp-first", str(directory), *first))
                     report.timings.append(Timing("ucp-warm", str(directory), *warm))
+                note = "ucp-first/ucp-warm: ucp's bytecode compiled before the fresh processes, as an installation has it"
+                if note not in report.notes:
+                    report.notes.append(note)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     del state, template

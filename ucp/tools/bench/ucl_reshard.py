@@ -46,6 +46,7 @@ import torch.multiprocessing as mp
 from ucp.tools.bench.megatron_state import check_layout
 from ucp.tools.bench.zero1_reshard import PeakRss, free_port as _free_port, init_gloo as _init, print_zero1, run_zero1
 from ucp.layout import Layout
+from ucp.stores import StoreOptions
 
 ROWS, COLS = 6144, 3072  # divisible by 4, 6 and 8, so DCP (chunk) and UCL (split_evenly) agree on shards
 
@@ -214,13 +215,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the distributed-optimizer scenario (--source -> --target) instead of --scenarios")
     parser.add_argument("--source", default="tp=2,dp=4,zero=1", help="zero1: saving layout (default tp=2,dp=4,zero=1)")
     parser.add_argument("--target", default="tp=2,dp=3,zero=1", help="zero1: loading layout (default tp=2,dp=3,zero=1)")
+    parser.add_argument("--store-options", default="",
+                        help="zero1: ucp's store options for its saves and loads, e.g. pack_max_bytes=0 (an array per "
+                             "fragment, no packs); default: none")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.zero1:
         try:
             for text in (args.source, args.target):
                 check_layout(Layout.parse(text))
-        except ValueError as exc:  # LayoutError is a ValueError too
+            StoreOptions.parse(args.store_options)
+        except ValueError as exc:  # LayoutError and InvalidArgumentError are ValueErrors too
             print(f"ucl_reshard: {exc}", file=sys.stderr)
             return 2
     results = []
@@ -229,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             workdir = tempfile.mkdtemp(prefix="ucl-reshard-", dir=parent)
             try:
                 if args.zero1:
-                    results.append(run_zero1(args.source, args.target, args.gib, workdir, repeats=args.repeats))
+                    results.append(run_zero1(args.source, args.target, args.gib, workdir, repeats=args.repeats,
+                                             store_options=args.store_options))
                 else:
                     s, t = (int(x) for x in item.split(":"))
                     results.append(run_scenario(s, t, args.gib, workdir, args.repeats))

@@ -11,7 +11,8 @@ both gave identical tensors; a digest comparison across the systems says the sam
 Per system it reports fragments (ucp: the manifest's; DCP: the chunks in its ``.metadata``; and
 how many of them hold optimizer states), metadata bytes (ucp: ``manifest.json`` plus any
 metadata shards, ``data/[<token>/]meta/``; DCP: ``.metadata``), save and load time (slowest
-rank; loads: median over repeats), and peak RSS per rank in each phase
+rank; median and min-max over ``repeats`` saves and loads, each interleaved with the other
+system's, the order alternating), and peak RSS per rank in each phase
 (sampled every 5 ms with psutil, since both systems run in the same process).
 
     run_zero1("tp=2,dp=4,zero=1", "tp=2,dp=3,zero=1", 0.01, "/dev/shm/x", repeats=1)
@@ -19,10 +20,12 @@ rank; loads: median over repeats), and peak RSS per rank in each phase
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -38,6 +41,7 @@ from ucp.tools.bench.megatron_state import (
     zero_state,
 )
 from ucp.layout import Layout
+from ucp.stores import StoreOptions
 
 __all__ = ["run_zero1", "print_zero1", "metadata_summary", "init_gloo", "free_port", "PeakRss"]
 
@@ -94,7 +98,8 @@ def _ucp_tree(params: dict, flats: dict) -> dict:
     return {"model": dict(params), "optim": {s: {"dense": f} for s, f in flats.items()}}
 
 
-def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: str, dcp_dir: str, out: str) -> None:
+def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: str, dcp_dir: str, out: str,
+                 repeats: int = 1, store_options: str = "") -> None:
     import torch.distributed.checkpoint as dcp
 
     import ucp
@@ -102,12 +107,25 @@ def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
     init_gloo(rank, world, port)
     try:
         lay = Layout.parse(layout)
+        options = StoreOptions.parse(store_options)
         params, flats = rank_state(cfg, lay, rank)
-        report = {}
-        report["ucp"] = _timed(lambda: ucp.save(_ucp_tree(params, flats), ucp_dir, program=_program(cfg),
-                                                layout=lay, process_group=dist.group.WORLD))
         state = drop_replicas(dcp_state(cfg, lay, rank, params, flats, _mesh(lay)), lay, rank)
-        report["dcp"] = _timed(lambda: dcp.save(state, checkpoint_id=dcp_dir))
+        saves = {
+            "ucp": lambda path: ucp.save(_ucp_tree(params, flats), path, program=_program(cfg), layout=lay,
+                                         process_group=dist.group.WORLD, store_options=options),
+            "dcp": lambda path: dcp.save(state, checkpoint_id=path),
+        }
+        dirs = {"ucp": ucp_dir, "dcp": dcp_dir}
+        report: dict[str, list] = {"ucp": [], "dcp": []}
+        # Interleaved, the order alternating, as the loads; every repeat but the last is removed
+        # (the loads read the last one), so only one copy of each checkpoint is kept at a time.
+        for rep in range(repeats):
+            for system in (("ucp", "dcp") if rep % 2 == 0 else ("dcp", "ucp")):
+                path = dirs[system] if rep == repeats - 1 else f"{dirs[system]}-{rep}"
+                report[system].append(_timed(functools.partial(saves[system], path)))
+                dist.barrier()
+                if rank == 0 and rep < repeats - 1:
+                    shutil.rmtree(path)
         dist.barrier()
         with open(os.path.join(out, f"save-{rank}.json"), "w") as fh:
             json.dump(report, fh)
@@ -132,7 +150,7 @@ def _check(cfg, lay: Layout, rank: int, params: dict, flats: dict) -> tuple[bool
 
 
 def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: str, dcp_dir: str, out: str,
-                 repeats: int) -> None:
+                 repeats: int, store_options: str = "") -> None:
     import torch.distributed.checkpoint as dcp
 
     from ucp import ucl
@@ -147,10 +165,15 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
             logical = reader.logical()
         into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype))
                 for k, t in ucl.local_shapes(ucl.spec_for_load(_program(cfg), lay, rank, logical)).items()}
+        # Loaded into the tree the save wrote (model/..., optim/<state>/dense): a flat dict of "a/b"
+        # keys is filled too, but ucp.load then merges the saved tree's nested dicts into it.
+        tree = _nested(into)
         # DCP: the same shapes, described as Megatron-core describes them (built inside the timing)
         dcp_params, dcp_flats = zero_state(cfg, lay, rank)
         mesh = _mesh(lay)
-        loads = {"ucp": lambda: ucp.load(ucp_dir, into=into, program=_program(cfg), layout=lay, rank=rank),
+        options = StoreOptions.parse(store_options)
+        loads = {"ucp": lambda: ucp.load(ucp_dir, into=tree, program=_program(cfg), layout=lay, rank=rank,
+                                         store_options=options),
                  "dcp": lambda: dcp.load(dcp_state(cfg, lay, rank, dcp_params, dcp_flats, mesh), checkpoint_id=dcp_dir)}
         runs: dict[str, list] = {"ucp": [], "dcp": []}
         for rep in range(repeats):  # interleaved, the order alternating, so drift hits both systems alike
@@ -165,6 +188,18 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
             json.dump(report, fh)
     finally:
         dist.destroy_process_group()
+
+
+def _nested(flat: dict) -> dict:
+    """``{"a/b": t}`` as ``{"a": {"b": t}}`` (the same tensors)."""
+    tree: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 def free_port() -> int:
@@ -212,28 +247,38 @@ def _load_ranks(out: str, prefix: str, world: int) -> list[dict]:
     return ranks
 
 
-def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: int = 1) -> dict:
-    """Save ``source`` (a tp x dp zero=1 layout) with both systems, load into ``target``; the report dict."""
+def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: int = 1, store_options: str = "") -> dict:
+    """Save ``source`` (a tp x dp zero=1 layout) with both systems, load into ``target``; the report dict.
+
+    ``store_options``: ucp's :class:`~ucp.stores.StoreOptions` in their string form (e.g.
+    ``"pack_max_bytes=0"`` for an array per fragment instead of packs), for saves and loads.
+    """
     src, tgt = check_layout(Layout.parse(source)), check_layout(Layout.parse(target))
     cfg = model_for(gib, tp=max(src.tp, tgt.tp))
     ucp_dir, dcp_dir, out = (os.path.join(workdir, n) for n in ("ucp", "dcp", "reports"))
     os.makedirs(out, exist_ok=True)
-    mp.spawn(_save_worker, args=(src.world_size, free_port(), cfg, str(src), ucp_dir, dcp_dir, out),
+    mp.spawn(_save_worker, args=(src.world_size, free_port(), cfg, str(src), ucp_dir, dcp_dir, out, repeats, store_options),
              nprocs=src.world_size, join=True)
-    mp.spawn(_load_worker, args=(tgt.world_size, free_port(), cfg, str(tgt), ucp_dir, dcp_dir, out, repeats),
+    mp.spawn(_load_worker, args=(tgt.world_size, free_port(), cfg, str(tgt), ucp_dir, dcp_dir, out, repeats, store_options),
              nprocs=tgt.world_size, join=True)
     saves, loads = _load_ranks(out, "save", src.world_size), _load_ranks(out, "load", tgt.world_size)
     meta = metadata_summary(ucp_dir, dcp_dir)
     systems = {}
     for system in ("ucp", "dcp"):
         runs = [r[system]["runs"] for r in loads]
+        # a save or load ends when its slowest rank does
+        save_s = [max(r[system][i][0] for r in saves) for i in range(repeats)]
+        load_s = [max(rk[i][0] for rk in runs) for i in range(repeats)]
         systems[system] = {
             **meta[system],
-            # a save or load ends when its slowest rank does
-            "save_seconds": max(r[system][0] for r in saves),
-            "load_seconds": statistics.median(max(rk[i][0] for rk in runs) for i in range(repeats)),
-            "save_peak_rss_gib": max(r[system][1] for r in saves) / 2**30,
-            "save_rss_growth_gib": max(r[system][1] - r[system][2] for r in saves) / 2**30,
+            "save_seconds": statistics.median(save_s),
+            "save_seconds_min": min(save_s),
+            "save_seconds_max": max(save_s),
+            "load_seconds": statistics.median(load_s),
+            "load_seconds_min": min(load_s),
+            "load_seconds_max": max(load_s),
+            "save_peak_rss_gib": max(run[1] for r in saves for run in r[system]) / 2**30,
+            "save_rss_growth_gib": max(run[1] - run[2] for r in saves for run in r[system]) / 2**30,
             "load_peak_rss_gib": max(run[1] for rk in runs for run in rk) / 2**30,
             "load_rss_growth_gib": max(run[1] - run[2] for rk in runs for run in rk) / 2**30,
             "correct": all(r[system]["check"][0] for r in loads),
@@ -242,10 +287,15 @@ def run_zero1(source: str, target: str, gib: float, workdir: str, *, repeats: in
               for k in ("fragments", "metadata_bytes", "save_seconds", "load_seconds", "save_peak_rss_gib",
                         "load_peak_rss_gib", "disk_bytes")}
     nbytes = state_bytes(cfg)
-    return {"kind": "zero1", "source": str(src), "target": str(tgt), "model": str(cfg),
+    return {"kind": "zero1", "source": str(src), "target": str(tgt), "model": str(cfg), "store_options": store_options,
             "state_gib": sum(nbytes.values()) / 2**30, "optimizer_gib": nbytes["optimizer"] / 2**30,
             "dir": workdir, "systems": systems, "ratios": ratios,
             "identical": all(r["ucp"]["check"][1] == r["dcp"]["check"][1] for r in loads)}
+
+
+def _spread(system: dict, key: str) -> str:
+    """``median (min-max)`` of one measure."""
+    return f"{system[key]:.2f} ({system[key + '_min']:.2f}-{system[key + '_max']:.2f})"
 
 
 def print_zero1(results: list[dict]) -> None:
@@ -254,7 +304,7 @@ def print_zero1(results: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Distributed optimizer (zero=1) resharding: ucp + UCL vs torch.distributed.checkpoint")
-    for col in ("where", "system", "fragments (optimizer)", "metadata bytes", "save s", "load s",
+    for col in ("where", "system", "fragments (optimizer)", "metadata bytes", "save s (min-max)", "load s (min-max)",
                 "save peak RSS/rank GiB", "load peak RSS/rank GiB", "disk GiB", "correct"):
         table.add_column(col)
     for r in results:
@@ -263,7 +313,7 @@ def print_zero1(results: list[dict]) -> None:
             s = r["systems"][system]
             table.add_row(label if system == "ucp" else "", system,
                           f"{s['fragments']:,} ({s['optimizer_fragments']:,})", f"{s['metadata_bytes']:,}",
-                          f"{s['save_seconds']:.2f}", f"{s['load_seconds']:.2f}", f"{s['save_peak_rss_gib']:.2f}",
+                          _spread(s, "save_seconds"), _spread(s, "load_seconds"), f"{s['save_peak_rss_gib']:.2f}",
                           f"{s['load_peak_rss_gib']:.2f}", f"{s['disk_bytes'] / 2**30:.2f}",
                           str(s["correct"] and r["identical"]))
         q = r["ratios"]
