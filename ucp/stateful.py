@@ -75,7 +75,7 @@ class LoadTargets:
             into = self._dicts[id(into)][1]
         if isinstance(into, dict) and isinstance(loaded, dict):
             for key, value in loaded.items():
-                self._merge_at(into, key, into.get(key), value)
+                self._merge_keyed(into, key, value)
         elif isinstance(into, list) and isinstance(loaded, list):
             # The saved list may be longer or shorter (a history that grew): it is what was saved.
             for i, value in enumerate(loaded):
@@ -85,6 +85,21 @@ class LoadTargets:
                     self._merge_at(into, i, into[i], value)
             if not any(isinstance(v, torch.Tensor) or is_stateful(v) for v in into[len(loaded) :]):
                 del into[len(loaded) :]
+
+    def _merge_keyed(self, into: dict, key: Any, value: Any) -> None:
+        """Merge ``value`` at ``key``, or below the ``/``-joined keys of ``into`` that stand for its entries.
+
+        A dict keyed by paths (``{"model/w": t}``, as a flat state dict is) names the same tensors
+        as the nested one the checkpoint holds: the loaded subtree is merged entry by entry under
+        those keys, so ``into`` never gets a second, nested copy of what it already holds.
+        """
+        if key not in into and isinstance(value, dict) and isinstance(key, str):
+            prefix = key + "/"
+            if any(isinstance(k, str) and k.startswith(prefix) for k in into):
+                for sub, subvalue in value.items():
+                    self._merge_keyed(into, f"{prefix}{sub}", subvalue)
+                return
+        self._merge_at(into, key, into.get(key), value)
 
     def _merge_at(self, into: Any, key: Any, current: Any, value: Any) -> None:
         if is_stateful(current) or (isinstance(current, (dict, list)) and isinstance(value, type(current))):

@@ -143,3 +143,16 @@ def test_creating_optimizer_state_keeps_gradients_and_learning_rates():
     create_optimizer_state(opt, {0, 1})
     assert sorted(opt.state_dict()["state"]) == [0, 1] and opt.param_groups[0]["lr"] == 1e-2
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+
+
+def test_a_dict_keyed_by_paths_is_filled_in_place_and_loads_again(tmp_path):
+    # {"model/w": t} names the tensor the nested save holds at model/w: the load fills it and must
+    # not add a nested "model" entry beside it (a second copy, and a name clash on the next load)
+    ucp.save({"model": {"w": torch.arange(3.0), "b": torch.ones(2), "cfg": {"n": 1}}, "step": 4}, tmp_path / "c")
+    w, b = torch.empty(3), torch.empty(2)
+    flat = {"model/w": w, "model/b": b}
+    for _ in range(2):
+        ucp.load(tmp_path / "c", into=flat)
+        assert list(flat) == ["model/w", "model/b", "model/cfg", "step"]
+        assert flat["model/w"] is w and torch.equal(w, torch.arange(3.0)) and torch.equal(b, torch.ones(2))
+        assert flat["model/cfg"] == {"n": 1} and flat["step"] == 4
