@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from typing import Any
 
@@ -171,7 +172,24 @@ def _strip_comment(text: str) -> str:
 
 
 def parse(source: str, *, filename: str = "<ucl>") -> Program:
-    """Parse UCL source text into a :class:`Program` (see docs/UCL.md)."""
+    """Parse UCL source text into a :class:`Program` (see docs/UCL.md).
+
+    Parsed once per ``(source, filename)`` and process: every save and load of a run names the same
+    program, and parsing a preset costs more than a small rank's whole load. The result is shared,
+    which is safe because nothing changes a Program after parsing; errors are raised again each time.
+
+    >>> parse("ucl 1\\ntensor w -> w\\n", filename="w.ucl") is parse("ucl 1\\ntensor w -> w\\n", filename="w.ucl")
+    True
+    """
+    return _parse_cached(source, filename)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cached(source: str, filename: str) -> Program:
+    return _parse(source, filename=filename)
+
+
+def _parse(source: str, *, filename: str) -> Program:
     if len(source) > MAX_SOURCE_CHARS:  # from a file, a string or a manifest: a program is a page, not megabytes
         raise UclSyntaxError(
             f"a program has at most {MAX_SOURCE_CHARS} characters, this one {len(source)}",
