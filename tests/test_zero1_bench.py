@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -122,3 +123,18 @@ def test_cli_refuses_unknown_store_options(capsys):
     assert ucl_reshard.main(["--zero1", "--store-options", "packs=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ucl_reshard: store option 'packs=0' is not NAME=VALUE with a known NAME (chunk_bytes, ")
+
+
+def test_the_profile_hook_writes_one_stats_file_per_run_and_is_off_by_default(tmp_path, monkeypatch):
+    import pstats
+
+    from ucp.tools.bench.zero1_reshard import _profiled
+
+    ran = []
+    monkeypatch.delenv("UCP_BENCH_PROFILE", raising=False)
+    plain = lambda: ran.append(1)  # noqa: E731
+    assert _profiled(plain, "save-ucp-0") is plain
+    monkeypatch.setenv("UCP_BENCH_PROFILE", str(tmp_path / "prof"))
+    _profiled(plain, "save-ucp-0")()
+    assert ran == [1] and sorted(os.listdir(tmp_path / "prof")) == ["save-ucp-0-r0.prof"]
+    assert pstats.Stats(str(tmp_path / "prof" / "save-ucp-0-r0.prof")).total_calls > 0

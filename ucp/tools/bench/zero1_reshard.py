@@ -83,6 +83,27 @@ def init_gloo(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
+def _profiled(fn, label: str):
+    """``fn`` under cProfile when ``UCP_BENCH_PROFILE`` names a folder (stats to ``<label>-r<rank>.prof``).
+
+    For finding where a rank's time goes: ``python -m pstats`` or snakeviz open the files. Off by
+    default, since the profiler itself slows the Python-heavy parts several-fold.
+    """
+    folder = os.environ.get("UCP_BENCH_PROFILE")
+    if not folder:
+        return fn
+
+    def run():
+        import cProfile
+
+        os.makedirs(folder, exist_ok=True)
+        with cProfile.Profile() as prof:
+            fn()
+        prof.dump_stats(os.path.join(folder, f"{label}-r{dist.get_rank() if dist.is_initialized() else 0}.prof"))
+
+    return run
+
+
 def _timed(fn) -> tuple[float, int, int]:
     """``(seconds, peak rss, rss at start)`` of ``fn()``, started together on every rank."""
     gc.collect()
@@ -103,6 +124,7 @@ def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
     import torch.distributed.checkpoint as dcp
 
     import ucp
+    import ucp.api  # ucp.save imports it lazily; imported here, as DCP is above, not inside the timing
 
     init_gloo(rank, world, port)
     try:
@@ -122,7 +144,7 @@ def _save_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
         for rep in range(repeats):
             for system in (("ucp", "dcp") if rep % 2 == 0 else ("dcp", "ucp")):
                 path = dirs[system] if rep == repeats - 1 else f"{dirs[system]}-{rep}"
-                report[system].append(_timed(functools.partial(saves[system], path)))
+                report[system].append(_timed(_profiled(functools.partial(saves[system], path), f"save-{system}-{rep}")))
                 dist.barrier()
                 if rank == 0 and rep < repeats - 1:
                     shutil.rmtree(path)
@@ -178,7 +200,7 @@ def _load_worker(rank: int, world: int, port: int, cfg, layout: str, ucp_dir: st
         runs: dict[str, list] = {"ucp": [], "dcp": []}
         for rep in range(repeats):  # interleaved, the order alternating, so drift hits both systems alike
             for system in (("ucp", "dcp") if rep % 2 == 0 else ("dcp", "ucp")):
-                runs[system].append(_timed(loads[system]))
+                runs[system].append(_timed(_profiled(loads[system], f"load-{system}-{rep}")))
         params = {k.removeprefix("model/"): t for k, t in into.items() if k.startswith("model/")}
         flats = {s: into[f"optim/{s}/dense"] for s in STATES}
         report["ucp"] = {"runs": runs["ucp"], "check": _check(cfg, lay, rank, params, flats)}
