@@ -88,3 +88,16 @@ def test_different_constants_never_join():
               ("session", PARAM, "opened", "for", "user", PARAM): 1}
     result = group_sequences(counts)
     assert result[("session", "opened", "for", "user", PARAM)] != result[("session", "closed", "for", "user", PARAM)]
+
+
+def test_a_cri_stream_field_is_not_the_host():
+    # "<stamp> stdout F <line>": the container's stream is a flag of the runtime, not the machine that wrote the line
+    from ucp.reliability.logs.readers import LineReader
+
+    lines = [f"2024-05-01T10:00:{i % 60:02d}.{i:09d}Z {'stdout' if i % 5 else 'stderr'} F worker {i} step done"
+             for i in range(60)]
+    reader = LineReader(default_year=2024)
+    reader.start_file("cri.log")
+    reader.learn(lines)
+    ts, node, _job, message, source = reader.parse("cri.log", 1, lines[1])
+    assert (source, node, message) == ("learned", None, "worker 1 step done")

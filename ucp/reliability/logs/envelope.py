@@ -68,13 +68,16 @@ _JSON_TIME = ("time", "timestamp", "@timestamp", "ts", "date", "datetime", "even
 _JSON_HOST = ("host", "hostname", "node", "nodename", "_HOSTNAME", "Hostname")
 _JSON_LEVEL = ("level", "severity", "lvl", "loglevel", "levelname", "PRIORITY", "Level")
 STRONG = frozenset("TELP")
+# The two output streams a container runtime or shipper names (CRI, Docker, fluentd): a flag, never a host.
+_STREAMS = frozenset(("stdout", "stderr"))
 
 
 def token_class(token: str) -> str:
-    """One column value's class: T time, E epoch, L level, P priority, N number, D dash, H host-like, W word.
+    """One column value's class: T time, E epoch, L level, P priority, N number, D dash or flag, H host-like, W word.
 
-    >>> [token_class(t) for t in ("2016-05-01", "Jun", "1131566461", "INFO", "<13>1", "4000", "-", "dn228", "ok:")]
-    ['T', 'T', 'E', 'L', 'P', 'N', 'D', 'H', 'W']
+    >>> [token_class(t) for t in ("2016-05-01", "Jun", "1131566461", "INFO", "<13>1", "4000", "-", "stdout", "dn228",
+    ...                           "ok:")]
+    ['T', 'T', 'E', 'L', 'P', 'N', 'D', 'D', 'H', 'W']
     """
     if _NAME.fullmatch(token):
         return "T"
@@ -90,7 +93,7 @@ def token_class(token: str) -> str:
             return "N"
         if _TIMEISH.fullmatch(token):
             return "T"
-    if _DASH.fullmatch(token):
+    if _DASH.fullmatch(token) or token in _STREAMS:
         return "D"
     if level_of(token) is not None:
         return "L"
