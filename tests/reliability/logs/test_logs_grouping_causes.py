@@ -101,3 +101,23 @@ def test_a_cri_stream_field_is_not_the_host():
     reader.learn(lines)
     ts, node, _job, message, source = reader.parse("cri.log", 1, lines[1])
     assert (source, node, message) == ("learned", None, "worker 1 step done")
+
+
+def test_a_first_word_with_a_colon_after_the_level_is_content_where_the_source_has_no_component_column(tmp_path):
+    # Android's content re-written under "stamp host app[pid] LEVEL": "getTasks: caller ..." lost "getTasks:" as if
+    # it were a logger's component, so events that differ only in that word merged
+    contents = ["getTasks: caller %d does not hold REAL_GET_TASKS", "getRecentTasks: caller %d does not hold REAL_GET_TASKS",
+                "Skipping %d frames", "Displayed app for %d ms", "no window for token %d", "Start proc %d for activity"]
+    lines = [f"2016/05/01 00:00:{i % 60:02d}.000 mgmt-alpha app[4000] INFO {contents[i % 6]}".replace("%d", str(i))
+             for i in range(60)]
+    path = tmp_path / "rewritten.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert _groups(parse_templates([str(path)])) == [set(range(k, 60, 6)) for k in range(6)]
+    # a logger's component column (every line names one) is still header, not content
+    hdfs = [f"081109 2036{i % 60:02d} {100 + i} INFO dfs.DataNode$PacketResponder: Received block blk_{i} of size 9"
+            for i in range(30)]
+    assert split_header(hdfs[0]) == (1, "Received block blk_0 of size 9")
+    path = tmp_path / "hdfs.log"
+    path.write_text("\n".join(hdfs) + "\n")
+    report = parse_templates([str(path)])
+    assert report.templates.get(report.lines[0]).text == "Received block <*> of size <*>"

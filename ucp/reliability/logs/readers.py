@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ucp.reliability.logs.envelope import Envelope, learn_envelope, learn_json
-from ucp.reliability.logs.header import level_of
+from ucp.reliability.logs.header import has_component_column, level_of
 from ucp.reliability.logs.records import InputCounters, LogRecord
 
+COMPONENT_SAMPLE = 500  # first lines of a file that decide whether its messages have a component column
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 _ISO = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _ISO_PARTS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?$")
@@ -175,6 +176,7 @@ class LineReader:
         self._day_cache: dict[tuple[int, int, int], float | None] = {}
         self.current_file: str | None = None
         self._file_job: str | None = None
+        self.components = True  # the current file's messages name a component after their level
         self.last_ts: float | None = None
         self.last_node: str | None = None
         # Candidate envelopes by the line's first character, most recently matched first.
@@ -309,6 +311,7 @@ class LineReader:
         self._file_job = m.group(1) if m else None
         self.last_ts = None
         self.last_node = None
+        self.components = True
 
     def learn(self, texts: list) -> None:
         """Learn the current file's envelopes from its first lines (:mod:`ucp.reliability.logs.envelope`).
@@ -337,6 +340,11 @@ class LineReader:
             if envelope is not None and envelope.year_assumed and self.current_file not in self.counters.year_assumed:
                 self.counters.year_assumed.append(self.current_file)
         self._learned = learned
+        # Whether this source's messages carry a component column after their level (header.py).
+        sample = [t for t in texts[:COMPONENT_SAMPLE] if t]
+        messages = [text if result is None else result[2]
+                    for text, (_, _, result) in zip(sample, (self._envelope(t, learn=False) for t in sample))]
+        self.components = has_component_column(messages)
 
     def _learned_split(self, text: str):
         """``(k, match or None, (ts, node, message))`` of the first learned envelope ``text`` fits."""
