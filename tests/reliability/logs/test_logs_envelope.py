@@ -42,6 +42,7 @@ ENVELOPES = {
     "RFC 5424": lambda i, m: f"<{134 + i % 3}>1 2024-05-01T10:00:{i % 60:02d}.000Z host{_HOSTS[i]} app {i} - - {m}",
     "Kubernetes CRI prefix": lambda i, m: f"2024-05-01T10:00:{i % 60:02d}.{i:09d}Z stdout F {m}",
     "epoch and a label column": lambda i, m: f"{'-' if i % 7 else 'ALERT'} {_t(i % 60)} 2024.05.01 node{i % 5} {m}",
+    "logfmt": lambda i, m: f'ts=2024-05-01T10:00:{i % 60:02d}.000Z caller=main.go:{40 + i} level=info msg="{m}"',
 }
 
 
