@@ -339,7 +339,7 @@ _UNESCAPE = {"n": "\n", "t": "\t", "r": "\r"}
 
 
 def _logfmt(text: str) -> dict | None:
-    """The pairs of a logfmt line (``ts=... level=info msg="a \\"quoted\\" word"``), or None if it is not one."""
+    """The pairs of a logfmt line (``ts=... level=info msg="a quoted message"``), or None if it is not one."""
     pairs, pos = {}, 0
     for m in _LOGFMT_PAIR.finditer(text):
         if m.start() != pos:
@@ -391,7 +391,7 @@ class JsonRecord:
 def learn_json(lines: Sequence[str], *, year: int | None = None) -> JsonRecord | None:
     """The record layout of a source whose lines are JSON objects or logfmt pairs with a message field, or None.
 
-    >>> learn_json(['ts=2024-05-01T10:00:%02dZ level=warn msg="disk %d \\"sda\\" slow"' % (i, i) for i in range(9)]).kind
+    >>> learn_json(['ts=2024-05-01T10:00:%02dZ level=warn msg="disk %d slow"' % (i, i) for i in range(9)]).kind
     'logfmt'
     """
     sample = [line for line in lines if line.strip()][:500]
