@@ -121,3 +121,9 @@ def test_a_first_word_with_a_colon_after_the_level_is_content_where_the_source_h
     path.write_text("\n".join(hdfs) + "\n")
     report = parse_templates([str(path)])
     assert report.templates.get(report.lines[0]).text == "Received block <*> of size <*>"
+
+
+def test_a_source_location_after_the_level_is_header_even_without_a_component_column():
+    # glog/c10's "E0601 12:00:01.500000 4242 ProcessGroupNCCL.cpp:1234]": a file and line, not a message's first word
+    line = "E0601 12:00:01.500000 4242 ProcessGroupNCCL.cpp:1234] [PG 0 Rank 3] Watchdog caught collective timeout"
+    assert split_header(line, components=False) == split_header(line) == (3, "Watchdog caught collective timeout")

@@ -50,6 +50,7 @@ _PRI = re.compile(r"<(\d{1,3})>")
 _GLOG = re.compile(r"([IWEF])\d{4}")
 _KEYED = re.compile(r"(?:level|lvl|severity|loglevel)=\"?([A-Za-z]+)\"?", re.IGNORECASE)
 _COMPONENT = re.compile(r"[\w.$()/@-]+(?:\[[\w.:-]*\])?:|[\w./-]+:\d+\]")  # "tag[pid]:", glog's "file.go:12]"
+_SOURCE_LINE = re.compile(r"[\w./-]+:\d+\]")  # glog's "file.cc:12]": a source location, never a message's word
 _DOTTED = re.compile(r"[A-Za-z_][\w$]*(?:\.[\w$]+)+")
 _WORD = re.compile(r"[A-Za-z]")
 _PIPE_HEADER = re.compile(r"(?:[^|\s]*\|){2,}")
@@ -103,7 +104,8 @@ def split_header(message: str, *, components: bool = True) -> tuple[int | None, 
     """``(severity or None, content)`` of one message (see the module docstring).
 
     ``components=False``: a ``name:`` or dotted name after the level is content, not a component (a
-    source whose messages carry no component column, see :func:`has_component_column`).
+    source whose messages carry no component column, see :func:`has_component_column`); a source
+    location (``file.cc:12]``) is header either way.
     """
     severity = None
     m = _PRI.match(message)
@@ -146,7 +148,8 @@ def split_header(message: str, *, components: bool = True) -> tuple[int | None, 
         i = _skip_context(tokens, _skip(tokens, i))
         if severity is None and "-" in tokens[i:i + 3]:  # "[stamp] program *64 - content"
             i = tokens.index("-", i) + 1
-        elif components and i < n - 1 and (_COMPONENT.fullmatch(tokens[i]) or _DOTTED.fullmatch(tokens[i])):
+        elif i < n - 1 and (_SOURCE_LINE.fullmatch(tokens[i]) or (components and (
+                _COMPONENT.fullmatch(tokens[i]) or _DOTTED.fullmatch(tokens[i])))):
             i = _skip_context(tokens, i + 1)
     elif "-" in tokens[i:i + 2] and not any(_WORD.match(t) for t in tokens[i:tokens.index("-", i)]):
         i = tokens.index("-", i) + 1  # "*64 - content", "- content": a mark before a dash (Proxifier's "*64")

@@ -176,7 +176,8 @@ class LineReader:
         self._day_cache: dict[tuple[int, int, int], float | None] = {}
         self.current_file: str | None = None
         self._file_job: str | None = None
-        self.components = True  # the current file's messages name a component after their level
+        self.components = True  # the last parsed line's source names a component after its level
+        self._components: dict = {}  # envelope index -> whether its messages have a component column
         self.last_ts: float | None = None
         self.last_node: str | None = None
         # Candidate envelopes by the line's first character, most recently matched first.
@@ -311,6 +312,7 @@ class LineReader:
         self._file_job = m.group(1) if m else None
         self.last_ts = None
         self.last_node = None
+        self._components = {}
         self.components = True
 
     def learn(self, texts: list) -> None:
@@ -340,11 +342,14 @@ class LineReader:
             if envelope is not None and envelope.year_assumed and self.current_file not in self.counters.year_assumed:
                 self.counters.year_assumed.append(self.current_file)
         self._learned = learned
-        # Whether this source's messages carry a component column after their level (header.py).
-        sample = [t for t in texts[:COMPONENT_SAMPLE] if t]
-        messages = [text if result is None else result[2]
-                    for text, (_, _, result) in zip(sample, (self._envelope(t, learn=False) for t in sample))]
-        self.components = has_component_column(messages)
+        # Whether each source's messages carry a component column after their level (header.py); a source is
+        # the envelope that takes its lines (a file may mix several).
+        by_envelope: dict = {}
+        for text in texts[:COMPONENT_SAMPLE]:
+            if text:
+                idx, _, result = self._envelope(text, learn=False)
+                by_envelope.setdefault(idx, []).append(text if result is None else result[2])
+        self._components = {idx: has_component_column(messages) for idx, messages in by_envelope.items()}
 
     def _learned_split(self, text: str):
         """``(k, match or None, (ts, node, message))`` of the first learned envelope ``text`` fits."""
@@ -471,6 +476,7 @@ class LineReader:
         if file != self.current_file:
             self.start_file(file)
         idx, m, result = self._envelope(text)
+        self.components = self._components.get(idx, True)
         shape = self._shape_of(idx, m, text) if want_shape else None
         counters = self.counters
         if result is None:
