@@ -172,3 +172,26 @@ def test_the_rl_builder_replicates_shards_of_unequal_float_sizes():
         mask = builder.action_masks()
         builder.apply(int(np.flatnonzero(mask[:-1])[0]) if mask[:-1].any() else len(mask) - 1)
     validate_placement(instance.request, instance.view, builder.placement())
+
+
+def test_a_family_s_small_instances_come_from_its_cluster_model():
+    model = HETERO["hetero-x100"][1]
+    instance = small_instance(seed=3, cluster=model)
+    drawn = model.draw(small_instance.__kwdefaults__["spec"], intervals=1, seed=3)
+    assert [s.speed for s in instance.view.nodes] == drawn.speed.tolist()
+    assert [s.memory_free_bytes for s in instance.view.nodes] == drawn.memory_bytes.tolist()
+    assert [f.nbytes for f in instance.request.fragments] == drawn.shard_bytes.tolist()
+    assert instance.view.io is None  # the caller's read times (the evaluation passes its own)
+
+
+def test_family_optimum_gaps_skip_draws_that_fit_nowhere_and_refuse_when_too_few_fit():
+    from ucp.replication.optimum import optimum_gaps
+
+    skipped: list[int] = []
+    tight = HeteroModel(memory_shards=(0.0,), disk_shards=(0.6, 1.5))  # some draws leave a shard no room
+    gaps = optimum_gaps([GreedyForecast()], seeds=3, cluster=tight, skipped=skipped)
+    assert len(gaps["greedy"]) == 3 and skipped and min(gaps["greedy"]) >= -1e-9
+    with pytest.raises(PlacementError) as err:
+        optimum_gaps([GreedyForecast()], seeds=2, cluster=HeteroModel(memory_shards=(0.0,), disk_shards=(0.4,)))
+    assert str(err.value) == ("only 0 of 2 small instances of this cluster model fit; give the model more capacity "
+                              "or ask for fewer instances")

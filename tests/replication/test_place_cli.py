@@ -45,13 +45,20 @@ def test_eval_json_is_exactly_the_documented_schema(evaluated):
     for family, rows in report["scenarios"].items():
         assert sorted(rows) == POLICIES
         for metrics in rows.values():
-            assert sorted(metrics) == METRICS
+            assert sorted(metrics) == sorted(METRICS + ["optimum_gap"])
+            assert metrics["optimum_gap"] >= -1e-9 and sorted(metrics["ci95"]) == ["downtime_s", "ettr",
+                                                                                  "mean_recovery_s", "optimum_gap",
+                                                                                  "rollback_s", "storage_utilization"]
             assert 0 <= metrics["remote_share"] <= 1 and 0 <= metrics["storage_utilization"] <= 1
             largest = 2 * 64e9 if family.startswith("hetero-") else 64e9  # hetero shards: up to 2x
             assert metrics["storage_bytes"] <= 2 * 16 * largest  # never above the budget
             assert 0 < metrics["ettr"] <= 1
             lo, hi = metrics["ci95"]["ettr"]
             assert lo <= metrics["ettr"] <= hi
+    assert report["optimum"]["families"] == {
+        "hetero-rack": {"instances": 2, "skipped": 0, "cluster_model": "hetero-rack"},
+        "log-replay": {"instances": 2, "skipped": 0, "cluster_model": "homogeneous"},
+        "published": {"instances": 2, "skipped": 0, "cluster_model": "homogeneous"}}
     for key in ("policies", "hetero_policies"):
         assert sorted(report["optimum"][key]) == POLICIES
         assert all(row["optimum_gap"] >= -1e-9 for row in report["optimum"][key].values())
@@ -83,6 +90,16 @@ def test_eval_prints_the_table(capsys, monkeypatch):
                                                 "got 'x'"),
     (["place", "eval", "--families", "log-replay", "--logs", "/nonexistent.json", "--pretrain-intervals", "50",
       "--intervals", "5"], "ucp place: error: /nonexistent.json: cannot read (No such file or directory)"),
+    (["place", "online", "--tolerances", "0,half"], "ucp place: error: --tolerances '0,half': give numbers >= 0, "
+                                                    "e.g. 0,0.5,inf"),
+    (["place", "online", "--tolerances", "-1"], "ucp place: error: --tolerances must be >= 0, --intervals and "
+                                                "--seeds >= 1"),
+    (["place", "imitate", "--rounds", "0"], "ucp place: error: --instances, --rounds and --evaluate must be >= 1, "
+                                            "--leash-weight >= 0"),
+    (["place", "online", "--families", "meteor"], "ucp place: error: unknown scenario family 'meteor'; choose from "
+                                                  "independent, correlated-rack, lemon, log-replay, published, "
+                                                  "published-x100, log-thunderbird, hetero-rack, hetero-lemon, "
+                                                  "hetero-x100, hetero-thunderbird"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2

@@ -29,6 +29,8 @@ MODULES = [
     "ucp.replication.io_cost",
     "ucp.replication.live_risk",
     "ucp.replication.evaluate",
+    "ucp.replication.online_loop",
+    "ucp.replication.imitation",
     "ucp.replication.replica_tiers",
     "ucp.replication.replica_map",
     "ucp.replication.replica_trust",

@@ -30,7 +30,7 @@ from ucp.replication.errors import PlacementInputError
 from ucp.replication.forecast import evaluate_forecasts
 from ucp.replication.policies import baseline_policies
 from ucp.replication.optimum import SMALL_SPEC, optimum_gaps
-from ucp.replication.scenarios import EXPECTED, FAMILIES, HELD_OUT, build_scenario, pretrained_forecaster
+from ucp.replication.scenarios import EXPECTED, FAMILIES, HELD_OUT, HETERO, build_scenario, pretrained_forecaster
 from ucp.replication.simulator import simulate, simulate_expected
 
 POLICY_NAMES = ("static-random", "rack-aware", "group", "greedy", "rl")
@@ -183,7 +183,8 @@ def evaluate(options: EvalOptions = EvalOptions(), *, progress=None) -> EvalRepo
             np.isnan(q[key]) for q in quality) else float("nan") for key in quality[0]}
     optimum = None
     if options.optimum_instances:
-        optimum = {"instances": options.optimum_instances, "cluster": str(SMALL_SPEC)}
+        optimum = {"instances": options.optimum_instances, "cluster": str(SMALL_SPEC),
+                   "families": family_optimum_gaps(options, scenarios, io)}
         # homogeneous (the spec's constants, as before) and heterogeneous (sizes, capacity, speed, measured I/O)
         for key, hetero in (("policies", False), ("hetero_policies", True)):
             gaps = optimum_gaps(make_policies(options, options.seed), seeds=options.optimum_instances,
@@ -191,6 +192,33 @@ def evaluate(options: EvalOptions = EvalOptions(), *, progress=None) -> EvalRepo
             optimum[key] = {name: {"optimum_gap": float(np.mean(g)), "ci95": ci95(g), "max": float(np.max(g))}
                             for name, g in gaps.items()}
     return EvalReport(scenarios, forecasts, recoveries, options, optimum, paired)
+
+
+def family_optimum_gaps(options: EvalOptions, scenarios: dict, io) -> dict:
+    """Each policy's ``optimum_gap`` (and its ``ci95``) in every family's rows, on small instances of its cluster.
+
+    The exact optimum is known only for small instances (4 nodes), so a family's gap is measured
+    on small instances drawn from the family's cluster model (its ``HeteroModel`` for ``hetero-*``,
+    alike nodes and shards otherwise) with the evaluation's read times; the failure process does
+    not enter (every instance has its own log-uniform forecasts). Returns, per family, the
+    instances solved and the draws skipped because no placement fitted.
+    """
+    out, solved = {}, {}
+    for family in scenarios:
+        cluster = HETERO[family][1] if family in HETERO else None
+        if cluster not in solved:  # families with one cluster model share their instances
+            skipped: list[int] = []
+            gaps = optimum_gaps(make_policies(options, options.seed), seeds=options.optimum_instances, io=io,
+                                cluster=cluster, skipped=skipped)
+            solved[cluster] = gaps, skipped
+        gaps, skipped = solved[cluster]
+        for name, g in gaps.items():
+            row = scenarios[family][name]
+            row["optimum_gap"] = float(np.mean(g))
+            row["ci95"]["optimum_gap"] = ci95(g)
+        out[family] = {"instances": options.optimum_instances, "skipped": len(skipped),
+                       "cluster_model": "homogeneous" if cluster is None else family}
+    return out
 
 
 def comparisons(report: EvalReport) -> list[str]:

@@ -176,6 +176,25 @@ class IoCostModel:
         return nbytes / self.seconds(op, tier, nbytes)
 
 
+class ShippedIoCost:
+    """The shipped model, fitted on first use: a policy that never asks for read times (``group``) pays nothing."""
+
+    def seconds(self, op: str, tier: str, nbytes: float) -> float:
+        return IoCostModel.shipped().seconds(op, tier, nbytes)
+
+
+def live_io_model(io):
+    """``"measured"``: the shipped model (fitted lazily); ``"constant"`` or None: None; a model: itself."""
+    if io == "measured":
+        return ShippedIoCost()
+    if io is None or io == "constant":
+        return None
+    if not callable(getattr(io, "seconds", None)):
+        raise PlacementInputError(f"io must be 'measured', 'constant' or a cost model with seconds(op, tier, "
+                                  f"nbytes), got {io!r}")
+    return io
+
+
 def held_out_r2(transfers: list[Transfer], *, split: str = "run") -> dict:
     """R² of predicted seconds on held-out transfers, in log seconds and in seconds.
 

@@ -45,28 +45,37 @@ class Instance:
     cases: tuple[tuple[frozenset, float], ...]
 
 
-def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC, hetero: bool = False, io=None) -> Instance:
+def small_instance(*, seed: int, spec: ClusterSpec = SMALL_SPEC, hetero: bool = False, io=None,
+                   cluster=None) -> Instance:
     """Heterogeneous forecasts (log-uniform 1e-4..1e-1 per node), a random remote staleness.
 
     ``hetero``: also shard sizes (x0.5..x2), capacities (memory 0.5..2.5 shards, disk 1..3),
     one slow node (speed 0.25) and ``io`` (default: the shipped measured cost model).
+    ``cluster``: instead, a :class:`~ucp.replication.heterogeneity.HeteroModel` to draw speeds,
+    capacities and shard sizes from (a family's cluster model), with read times from ``io``.
+    Without either, every node and shard is alike and ``io`` (default None: the constants) applies.
     """
     rng = np.random.default_rng(seed)
     probs = 10.0 ** rng.uniform(-4, -1, spec.nodes)
     stale = int(rng.integers(0, spec.remote_every))
-    view = ClusterView.uniform(spec, probs)
+    view = ClusterView(ClusterView.uniform(spec, probs).nodes, spec, io)
     request = PlacementRequest.one_per_node(spec, replicas=1, max_replicas=1, intervals_since_remote=stale)
-    if hetero:
+    if hetero or cluster is not None:
         from ucp.replication.io_cost import IoCostModel
 
-        shard = spec.shard_bytes * np.exp(rng.uniform(np.log(0.5), np.log(2.0), spec.nodes))
-        memory = spec.shard_bytes * rng.uniform(0.5, 2.5, spec.nodes)
-        disk = spec.shard_bytes * rng.uniform(1.0, 3.0, spec.nodes)
-        speed = np.ones(spec.nodes)
-        speed[rng.integers(spec.nodes)] = 0.25
+        if cluster is not None:
+            drawn = cluster.draw(spec, intervals=1, seed=seed)
+            shard, memory, disk, speed = drawn.shard_bytes, drawn.memory_bytes, drawn.disk_bytes, drawn.speed
+        else:
+            shard = spec.shard_bytes * np.exp(rng.uniform(np.log(0.5), np.log(2.0), spec.nodes))
+            memory = spec.shard_bytes * rng.uniform(0.5, 2.5, spec.nodes)
+            disk = spec.shard_bytes * rng.uniform(1.0, 3.0, spec.nodes)
+            speed = np.ones(spec.nodes)
+            speed[rng.integers(spec.nodes)] = 0.25
+            io = io or IoCostModel.shipped()
         view = ClusterView(tuple(dataclasses.replace(s, memory_free_bytes=float(memory[i]),
                                                      disk_free_bytes=float(disk[i]), speed=float(speed[i]))
-                                 for i, s in enumerate(view.nodes)), spec, io or IoCostModel.shipped())
+                                 for i, s in enumerate(view.nodes)), spec, io)
         request = PlacementRequest(tuple(FragmentRequest(f"shard-{i}", i, float(shard[i])) for i in range(spec.nodes)),
                                    replicas=1, max_replicas=1, intervals_since_remote=stale)
     share = LLAMA3_SWITCH_CABLE / LLAMA3_UNEXPECTED
@@ -108,12 +117,32 @@ def optimum(instance: Instance) -> tuple[Placement, float]:
     return best, best_cost
 
 
-def optimum_gaps(policies, *, seeds: int, hetero: bool = False, io=None) -> dict[str, list[float]]:
-    """Per policy, ``expected_seconds(policy) / optimum - 1`` on ``seeds`` small instances."""
+def optimum_gaps(policies, *, seeds: int, hetero: bool = False, io=None, cluster=None,
+                 skipped: list | None = None) -> dict[str, list[float]]:
+    """Per policy, ``expected_seconds(policy) / optimum - 1`` on ``seeds`` small instances.
+
+    With ``cluster`` (a family's :class:`~ucp.replication.heterogeneity.HeteroModel`) a drawn
+    instance can leave some shard no room anywhere; such instances have no optimum, so they are
+    passed over for the next seed, and their seeds are appended to ``skipped`` (at most
+    ``10 * seeds`` draws, then :class:`PlacementError`).
+    """
     gaps: dict[str, list[float]] = {p.name: [] for p in policies}
-    for seed in range(seeds):
-        instance = small_instance(seed=seed, hetero=hetero, io=io)
-        _, best = optimum(instance)
+    seed, done = 0, 0
+    while done < seeds:
+        if seed >= 10 * seeds:
+            raise PlacementError(f"only {done} of {seeds} small instances of this cluster model fit; "
+                                 "give the model more capacity or ask for fewer instances")
+        instance = small_instance(seed=seed, hetero=hetero, io=io, cluster=cluster)
+        seed += 1
+        try:
+            _, best = optimum(instance)
+        except PlacementError:
+            if cluster is None:
+                raise
+            if skipped is not None:
+                skipped.append(seed - 1)
+            continue
+        done += 1
         for policy in policies:
             placement = policy.place(instance.request, instance.view)
             validate_placement(instance.request, instance.view, placement)

@@ -222,8 +222,10 @@ class GreedyForecast:
                 tier = free.tier(node, frag.nbytes)
                 p = prob[node]
                 expected = (1 - p) * times.peer_seconds(node, tier, frag.nbytes) + p * fallback
-                # fewer replicas held first: two lost owners never queue on one source
-                options.append((rack[node] in used_racks, round(expected, 6), held.get(node, 0), node, tier))
+                # fewer replicas held first: two lost owners never queue on one source. Rounded relative
+                # to the fallback, not to a fixed 1e-6 s, which tied every site of a fragment of a few MB.
+                options.append((rack[node] in used_racks, round(expected / (fallback or 1.0), 12), held.get(node, 0),
+                                node, tier))
             if not options:
                 continue
             *_, node, tier = min(options)

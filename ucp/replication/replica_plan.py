@@ -7,6 +7,12 @@ rank of the owner's node dies with the owner's node, so it is not a replica).
 When every rank reports the same node (one machine, tests), each rank stands for
 a node of its own.
 
+The policy sees what the live cluster reports, as the simulator's policies do: each
+node's free bytes per tier (its capacity left), its forecast, its ``speed`` (1: the
+cluster's nominal node; 0.25 serves reads four times slower), and read times from
+``io``, a measured I/O cost model (:class:`~ucp.replication.io_cost.IoCostModel`),
+over the bandwidths of ``spec``; ``io=None`` keeps the spec's constants.
+
 Each array gets a local copy on its owner (memory, else disk, if there is room:
 a survivor restarts from it without any transfer) and the peer replicas the policy
 places; ranks already holding the array are not sent it again (re-replication after
@@ -27,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +55,7 @@ class RankInfo:
     free: Mapping[str, int] = field(default_factory=dict)
     held: Mapping[str, str] = field(default_factory=dict)  # array key -> tier holding it
     failure_probability: float = 0.0
+    speed: float = 1.0  # relative read rate of this rank's node (1: nominal)
 
 
 def node_ranks(infos: Sequence[RankInfo]) -> list[list[int]]:
@@ -59,8 +67,13 @@ def node_ranks(infos: Sequence[RankInfo]) -> list[list[int]]:
 
 
 def plan_replication(records: Mapping[str, ArrayRecord], infos: Sequence[RankInfo], *, policy: PlacementPolicy,
-                     replicas: int) -> tuple[dict[str, tuple[Holder, ...]], list[Transfer]]:
-    """Holders per array (the owner's local copy first, then peers) and the transfers that make them so."""
+                     replicas: int, io=None, spec: ClusterSpec | None = None,
+                     ) -> tuple[dict[str, tuple[Holder, ...]], list[Transfer]]:
+    """Holders per array (the owner's local copy first, then peers) and the transfers that make them so.
+
+    ``io``: the cost model the policy's read times come from (None: ``spec``'s bandwidths);
+    ``spec``: the network's bandwidths and timings (default :class:`ClusterSpec`'s).
+    """
     world = len(infos)
     free = {i.rank: {t: int(i.free.get(t, 0)) for t in TIERS} for i in infos}
     holders: dict[str, list[Holder]] = {}
@@ -77,14 +90,15 @@ def plan_replication(records: Mapping[str, ArrayRecord], infos: Sequence[RankInf
                 transfers.append(Transfer(owner, owner, key, rec.nbytes, tier))
     groups = node_ranks(infos)
     if len(groups) >= 2 and replicas > 0 and records:
-        for key, rank, tier in _peer_sites(records, infos, groups, free, policy=policy, replicas=replicas):
+        for key, rank, tier in _peer_sites(records, infos, groups, free, policy=policy, replicas=replicas,
+                                           io=io, spec=spec or ClusterSpec()):
             holders[key].append(Holder(rank, tier))
             if infos[rank].held.get(key) is None:
                 transfers.append(Transfer(records[key].owner % world, rank, key, records[key].nbytes, tier))
     return {k: tuple(v) for k, v in holders.items()}, transfers
 
 
-def _peer_sites(records, infos, groups, free, *, policy, replicas):
+def _peer_sites(records, infos, groups, free, *, policy, replicas, io, spec):
     """``(key, rank, tier)`` for every peer replica the policy places (ranks already holding one count)."""
     node_of = {r: n for n, ranks in enumerate(groups) for r in ranks}
     world = len(infos)
@@ -93,10 +107,11 @@ def _peer_sites(records, infos, groups, free, *, policy, replicas):
         NodeState(node=n, rack=n if racks[n] is None else racks[n], alive=True,
                   memory_free_bytes=float(sum(free[r][MEMORY] for r in ranks)),
                   disk_free_bytes=float(sum(free[r][DISK] for r in ranks)),
-                  failure_probability=max(infos[r].failure_probability for r in ranks))
+                  failure_probability=max(infos[r].failure_probability for r in ranks),
+                  speed=min(infos[r].speed for r in ranks))  # a node serves at its slowest rank's rate
         for n, ranks in enumerate(groups)),
-        ClusterSpec(nodes=len(groups), rack_size=1,
-                    shard_bytes=max(1.0, sum(r.nbytes for r in records.values()) / len(groups))))
+        dataclasses.replace(spec, nodes=len(groups), rack_size=1,
+                            shard_bytes=max(1.0, sum(r.nbytes for r in records.values()) / len(groups))), io)
     request = PlacementRequest(tuple(FragmentRequest(key, node_of[rec.owner % world], float(rec.nbytes))
                                      for key, rec in records.items()),
                                replicas=replicas, min_replicas=1, max_replicas=max(replicas, 3))

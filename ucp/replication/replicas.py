@@ -31,6 +31,7 @@ Example (every rank runs it; gloo here, NCCL the same)::
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -41,7 +42,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ucp.replication.cluster import ClusterSpec
 from ucp.replication.errors import PlacementInputError, ReplicaError, ReplicaLostError, ReplicaWarning
+from ucp.replication.io_cost import live_io_model
 from ucp.replication.placement import PlacementPolicy
 from ucp.replication.policies import GroupPlacement
 from ucp.replication.replica_files import CheckpointFiles, array_owners, array_tensors, fragment_bytes
@@ -82,12 +85,21 @@ class ReplicaManager:
     replication; keep it at most the retention's count, or recovery may bring back
     a pruned checkpoint). ``verify_store``: recovery also compares the digest of
     every file in the store, not only its presence and size.
+
+    What the policy sees of each node, as in the simulator: its free bytes per tier,
+    its forecast (``risk``: node name -> P(fails in the next interval)), its ``speed``
+    (relative read rate, default the ``UCP_NODE_SPEED`` environment variable or 1; a
+    node on a shared uplink might say 0.25), and read times from ``io``: ``"measured"``
+    (default: the shipped I/O cost model, :class:`~ucp.replication.io_cost.IoCostModel`,
+    fitted on first use), ``"constant"`` (``cluster``'s bandwidths) or a fitted model.
+    ``cluster``: the network's bandwidths and timings (default :class:`ClusterSpec`'s).
     """
 
     def __init__(self, *, tiers: Sequence[ReplicaTier], policy: PlacementPolicy | None = None, replicas: int = 2,
                  process_group: Any = None, node: str | None = None, rack: int | None = None, keep: int = 1,
                  verify_store: bool = False, round_bytes: int = ROUND_BYTES,
-                 storage_options: dict | None = None, risk: Callable[[str], float] | None = None) -> None:
+                 storage_options: dict | None = None, risk: Callable[[str], float] | None = None,
+                 speed: float | None = None, io: Any = "measured", cluster: ClusterSpec | None = None) -> None:
         if not tiers:
             raise PlacementInputError("ReplicaManager needs at least one tier (MemoryTier or DiskTier)")
         if len({t.tier for t in tiers}) != len(tiers):
@@ -106,6 +118,9 @@ class ReplicaManager:
         self.round_bytes = round_bytes
         self.storage_options = storage_options
         self.risk = risk  # node name -> P(fails in the next interval), e.g. from LogRisk; None: 0
+        self.speed = _node_speed(speed)
+        self.io = live_io_model(io)
+        self.cluster = cluster
         self._forecasts: dict[str, tuple[float, ...]] = {}  # path -> every rank's forecast at its last placement
 
     # ------------------------------------------------------------ replicate
@@ -153,7 +168,8 @@ class ReplicaManager:
         self._forecasts[path] = tuple(i.failure_probability for i in infos)
         plan = None
         if self._rank() == 0:
-            plan = plan_replication(known.arrays, infos, policy=self.policy, replicas=self.replicas)
+            plan = plan_replication(known.arrays, infos, policy=self.policy, replicas=self.replicas, io=self.io,
+                                    spec=self.cluster)
         holders, transfers = self._bcast(plan, 0)
         planned = known.with_holders(holders)
         self._put_meta(ck, CheckpointMeta(path, planned.generation, manifest_bytes, planned.to_json().encode()))
@@ -372,7 +388,7 @@ class ReplicaManager:
         held = self._inventory().get(ck, ("", 0, {}))[2]
         free = {t.tier: t.capacity_bytes - t.checkpoint_bytes(ck) for t in self.tiers}
         return RankInfo(rank=self._rank(), node=self.node, rack=self.rack, free=free, held=held,
-                        failure_probability=self._forecast())
+                        failure_probability=self._forecast(), speed=self.speed)
 
     def _agreed_map(self, ck: str) -> ReplicaMap | None:
         """The replica map of ``ck`` if any rank holds one (re-replication reuses its records: no rehash)."""
@@ -450,6 +466,19 @@ def _lost_message(path, lost, damaged, corrupt, rmap, manifest_bytes) -> str:
     more = f" (and {len(lost) - 10} more)" if len(lost) > 10 else ""
     return (f"cannot recover {path}: {len(lost)} array(s) have no surviving copy: " + "; ".join(parts) + more
             + ". Nothing was committed; restore an older checkpoint")
+
+
+def _node_speed(speed: float | None) -> float:
+    if speed is None:
+        text = os.environ.get("UCP_NODE_SPEED", "1")
+        try:
+            speed = float(text)
+        except ValueError:
+            raise PlacementInputError(f"UCP_NODE_SPEED={text!r} is not a number; set it to this node's relative "
+                                      "read rate (1: nominal, 0.25: four times slower)") from None
+    if not (speed > 0 and math.isfinite(speed)):
+        raise PlacementInputError(f"ReplicaManager: speed must be a finite number > 0, got {speed}")
+    return float(speed)
 
 
 def _norm(path: str) -> str:

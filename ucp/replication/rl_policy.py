@@ -76,8 +76,12 @@ def _new_model(config, *, seed: int):
     # The envs only lend their spaces (and their count, which sizes the rollout buffer) here: they are
     # never reset; retraining sets real ones.
     envs = _vec(lambda: PlacementEnv(source=None, max_nodes=config.max_nodes), ENVS)
-    model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0,
-                        policy_kwargs={"net_arch": {"hidden": config.hidden}}, **PPO_SETTINGS)
+    # No orthogonal initialisation: the file's weights replace every tensor, and its QR
+    # decompositions were most of the time a policy took to load (seconds on a busy machine).
+    with _one_thread():
+        model = MaskablePPO(NodeScorerPolicy, envs, seed=seed, device="cpu", verbose=0,
+                            policy_kwargs={"net_arch": {"hidden": config.hidden}, "ortho_init": False},
+                            **PPO_SETTINGS)
     model.set_logger(quiet_logger())
     return model
 

@@ -7,6 +7,7 @@ and :mod:`ucp.replication.forecast`. Examples::
     ucp place eval --families correlated-rack --logs analysis.json --no-online
     ucp place train --timesteps 120000 --out my-policy.safetensors
     ucp place forecast --intervals 2000
+    ucp place online --families hetero-x100 --seeds 20 --intervals 60 --tolerances 0,0.5,inf
 
 Exit codes: 0 ok; 2 usage or input error.
 """
@@ -52,6 +53,32 @@ def register(subparsers) -> None:
     add_json_option(ev, "{scenarios: {family: {policy: metrics}}}")
     ev.add_argument("--plot", metavar="FILE.png", help="write a bar chart of downtime and utilization")
     ev.set_defaults(func=run_eval)
+    on = sub.add_parser("online", parents=[common], help="re-placing only when forecasts move: what it costs",
+                        description="Replay identical seeded scenarios with the live path's rule (keep the "
+                                    "placement until a node's forecast moves by more than the tolerance, or the "
+                                    "cluster changes) at several tolerances; report ETTR, downtime + rollbacks "
+                                    "(paired against the first tolerance), re-placements and bytes moved.")
+    on.add_argument("--families", default="hetero-x100,hetero-thunderbird", metavar="A,B",
+                    help="families to run (default: the held-out heterogeneous ones)")
+    on.add_argument("--seeds", type=int, default=20, help="scenarios per family (default 20)")
+    on.add_argument("--tolerances", default="0,0.5,inf", metavar="A,B",
+                    help="relative forecast moves that trigger a new placement (default 0,0.5,inf)")
+    on.add_argument("--policies", default="greedy,rl", metavar="A,B", help="policies (default greedy,rl)")
+    add_json_option(on, "{family: {policy: {tolerance: metrics}}}")
+    on.set_defaults(func=run_online)
+    im = sub.add_parser("imitate", help="fine-tune the RL placer by DAgger from the exact optimum; compare gaps",
+                        description="Fine-tune the shipped RL policy by imitating the exact optimum on small "
+                                    "instances of the training cluster models (DAgger, with a KL leash to the PPO "
+                                    "policy on 16-node training states) and report optimum gaps before and after.")
+    im.add_argument("--instances", type=int, default=160, help="teacher instances (default 160)")
+    im.add_argument("--rounds", type=int, default=4, help="DAgger rounds (default 4)")
+    im.add_argument("--leash-weight", type=float, default=0.3, help="weight of the KL leash (default 0.3)")
+    im.add_argument("--evaluate", type=int, default=20, help="small instances per gap (default 20)")
+    im.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    im.add_argument("--out", metavar="FILE.safetensors", help="save the fine-tuned policy (default: not saved)")
+    im.add_argument("--quiet", action="store_true", help="no progress or table")
+    add_json_option(im, "training stats and gaps")
+    im.set_defaults(func=run_imitate)
     tr = sub.add_parser("train", parents=[common], help="retrain the RL placer from scratch (MaskablePPO)",
                         description="Train the RL placement policy on simulated synthetic-family episodes "
                                     "(seeds disjoint from evaluation) and save it.")
@@ -172,6 +199,56 @@ def _print_report(report) -> None:
         out.print(table)
     for line in comparisons(report):
         out.print(line)
+
+
+def run_online(args) -> int:
+    from ucp.replication.errors import PlacementInputError
+    from ucp.replication.evaluate import EvalOptions
+    from ucp.replication.online_loop import evaluate_online
+
+    try:
+        tolerances = tuple(float(t) for t in args.tolerances.split(","))
+    except ValueError:
+        raise PlacementInputError(f"--tolerances {args.tolerances!r}: give numbers >= 0, e.g. 0,0.5,inf") from None
+    if min(tolerances) < 0 or min(args.intervals, args.seeds) < 1:
+        raise PlacementInputError("--tolerances must be >= 0, --intervals and --seeds >= 1")
+    options = EvalOptions(intervals=args.intervals, seed=args.seed, families=tuple(args.families.split(",")),
+                          spec=_spec(args), rl_online=False, pretrain_intervals=args.pretrain_intervals,
+                          seeds=args.seeds)
+    with _progress("online loop", "seeds", args.quiet) as update:
+        out = evaluate_online(options, tolerances=tolerances, policy_names=tuple(args.policies.split(",")),
+                              progress=lambda family, done, total: update(done, total, family))
+    if args.json:
+        write_json(out, args.json)
+    if not args.quiet and not json_on_stdout(args):
+        for family, rows in out.items():
+            for name, by_tol in rows.items():
+                for tol, m in by_tol.items():
+                    band = m["lost_s_diff_ci95"]
+                    print(f"{family:20s} {name:8s} tolerance {tol:>4s}: ETTR {m['ettr']:.5f}, downtime + rollbacks "
+                          f"{m['lost_s']:.1f} s ({m['lost_s_diff']:+.1f} s vs tolerance {next(iter(by_tol))}"
+                          + (f", 95% {band[0]:+.1f}..{band[1]:+.1f}" if band else "") + "), "
+                          f"{m['replacements_per_interval']:.3f} placements and "
+                          f"{m['moved_bytes_per_interval'] / 1e9:.1f} GB moved per interval")
+    return 0
+
+
+def run_imitate(args) -> int:
+    from ucp.replication.errors import PlacementInputError
+    from ucp.replication.imitation import imitation_study
+
+    if min(args.instances, args.rounds, args.evaluate) < 1 or args.leash_weight < 0:
+        raise PlacementInputError("--instances, --rounds and --evaluate must be >= 1, --leash-weight >= 0")
+    with _progress("imitating", "rounds", args.quiet) as update:
+        out = imitation_study(instances=args.instances, rounds=args.rounds, leash_weight=args.leash_weight,
+                              evaluate=args.evaluate, seed=args.seed, out=args.out, progress=update)
+    if args.json:
+        write_json(out, args.json)
+    if not args.quiet and not json_on_stdout(args):
+        for key, rows in out["gaps"].items():
+            print(f"{key}: " + ", ".join(f"{name} {r['optimum_gap']:+.2%} (worst {r['max']:+.1%})"
+                                          for name, r in rows.items()))
+    return 0
 
 
 def run_train(args) -> int:
