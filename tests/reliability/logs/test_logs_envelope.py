@@ -42,6 +42,7 @@ ENVELOPES = {
     "RFC 5424": lambda i, m: f"<{134 + i % 3}>1 2024-05-01T10:00:{i % 60:02d}.000Z host{_HOSTS[i]} app {i} - - {m}",
     "Kubernetes CRI prefix": lambda i, m: f"2024-05-01T10:00:{i % 60:02d}.{i:09d}Z stdout F {m}",
     "epoch and a label column": lambda i, m: f"{'-' if i % 7 else 'ALERT'} {_t(i % 60)} 2024.05.01 node{i % 5} {m}",
+    "logfmt": lambda i, m: f'ts=2024-05-01T10:00:{i % 60:02d}.000Z caller=main.go:{40 + i} level=info msg="{m}"',
 }
 
 
@@ -165,3 +166,13 @@ def test_the_cli_refuses_a_binary_file_with_exit_2(tmp_path, capsys):
     path.write_bytes(b"\x80\x04\x95" + b"\x00" * 200)
     assert main(["logs", "analyze", str(path), "--quiet"]) == 2
     assert "is binary data, not a text log" in capsys.readouterr().err
+
+
+def test_logfmt_messages_are_unquoted_and_unescaped():
+    lines = [f'ts=2024-05-01T10:00:{i:02d}Z host=n{i % 2} level=error msg="disk \\"sda{i}\\" slow\\\\fast"'
+             for i in range(20)]
+    record = learn_json(lines)
+    assert (record.kind, record.message, record.time, record.host, record.level) == ("logfmt", "msg", "ts", "host",
+                                                                                     "level")
+    assert record.split(lines[3]) == (_t(3), "n1", "error", 'disk "sda3" slow\\fast')
+    assert record.split("plain text, not pairs") is None

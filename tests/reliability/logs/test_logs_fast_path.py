@@ -51,12 +51,15 @@ def _fill(template: str, rng: random.Random) -> str:
 def _reference(path: str, taxonomy):
     """The full parser and masker on every line, keys judged once by masked line (the slow pipeline)."""
     reader = LineReader(default_year=2024, counters=InputCounters())
+    reader.start_file(path)
+    reader.learn([text for _, _, text in iter_lines([path], counters=InputCounters())][:2000])
     keys, drafts, counts = {}, [], {}
     for file, lineno, text in iter_lines([path], counters=InputCounters()):
         ts, node, job, message, _ = reader.parse(file, lineno, text)
         masked = mask(message)
         if masked not in keys:
-            keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
+            keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno,
+                                     components=reader.components)
         counts[masked] = counts.get(masked, 0) + 1
         if keys[masked].candidate:
             drafts.append((file, lineno, ts, node, job, masked, message[:500]))

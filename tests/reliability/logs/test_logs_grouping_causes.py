@@ -88,3 +88,42 @@ def test_different_constants_never_join():
               ("session", PARAM, "opened", "for", "user", PARAM): 1}
     result = group_sequences(counts)
     assert result[("session", "opened", "for", "user", PARAM)] != result[("session", "closed", "for", "user", PARAM)]
+
+
+def test_a_cri_stream_field_is_not_the_host():
+    # "<stamp> stdout F <line>": the container's stream is a flag of the runtime, not the machine that wrote the line
+    from ucp.reliability.logs.readers import LineReader
+
+    lines = [f"2024-05-01T10:00:{i % 60:02d}.{i:09d}Z {'stdout' if i % 5 else 'stderr'} F worker {i} step done"
+             for i in range(60)]
+    reader = LineReader(default_year=2024)
+    reader.start_file("cri.log")
+    reader.learn(lines)
+    ts, node, _job, message, source = reader.parse("cri.log", 1, lines[1])
+    assert (source, node, message) == ("learned", None, "worker 1 step done")
+
+
+def test_a_first_word_with_a_colon_after_the_level_is_content_where_the_source_has_no_component_column(tmp_path):
+    # Android's content re-written under "stamp host app[pid] LEVEL": "getTasks: caller ..." lost "getTasks:" as if
+    # it were a logger's component, so events that differ only in that word merged
+    contents = ["getTasks: caller %d does not hold REAL_GET_TASKS", "getRecentTasks: caller %d does not hold REAL_GET_TASKS",
+                "Skipping %d frames", "Displayed app for %d ms", "no window for token %d", "Start proc %d for activity"]
+    lines = [f"2016/05/01 00:00:{i % 60:02d}.000 mgmt-alpha app[4000] INFO {contents[i % 6]}".replace("%d", str(i))
+             for i in range(60)]
+    path = tmp_path / "rewritten.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert _groups(parse_templates([str(path)])) == [set(range(k, 60, 6)) for k in range(6)]
+    # a logger's component column (every line names one) is still header, not content
+    hdfs = [f"081109 2036{i % 60:02d} {100 + i} INFO dfs.DataNode$PacketResponder: Received block blk_{i} of size 9"
+            for i in range(30)]
+    assert split_header(hdfs[0]) == (1, "Received block blk_0 of size 9")
+    path = tmp_path / "hdfs.log"
+    path.write_text("\n".join(hdfs) + "\n")
+    report = parse_templates([str(path)])
+    assert report.templates.get(report.lines[0]).text == "Received block <*> of size <*>"
+
+
+def test_a_source_location_after_the_level_is_header_even_without_a_component_column():
+    # glog/c10's "E0601 12:00:01.500000 4242 ProcessGroupNCCL.cpp:1234]": a file and line, not a message's first word
+    line = "E0601 12:00:01.500000 4242 ProcessGroupNCCL.cpp:1234] [PG 0 Rank 3] Watchdog caught collective timeout"
+    assert split_header(line, components=False) == split_header(line) == (3, "Watchdog caught collective timeout")

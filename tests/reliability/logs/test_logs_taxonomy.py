@@ -91,6 +91,11 @@ def test_classifier_is_sklearns_calibrated_svm(taxonomy):
     probe = texts[::7] + [mask("GPU 3 encountered a fatal error"), mask("zqxj vvkw plorb 77")]
     ours = np.array([model.probabilities(text) for text in probe])
     assert abs(ours - reference.predict_proba(model._features.transform(probe))).max() < 1e-5
+    # all at once (one sparse product) as one at a time; a message with no known n-gram among them
+    batch = model.probabilities_many(probe + ["<*>"])
+    assert abs(batch[:-1] - ours).max() < 1e-12
+    assert abs(batch[-1] - model.probabilities("<*>")).max() < 1e-12
+    assert [c.category for c in model.classify_many(probe)] == [model.classify(t).category for t in probe]
 
 
 def test_classifier_with_two_classes_gives_both_probabilities():

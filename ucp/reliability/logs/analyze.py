@@ -247,8 +247,10 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     verdicts: dict[str, KeyVerdict] = {}
     methods: dict[str, int] = {}
     unknown: dict[int, list] = {}  # template id -> [(key, info, probability)] flagged without a category
+    decided: list = []  # (key, info, verdict, or None with the detector's probability: the model decides)
     for key, info in merged.keys.items():
         tid = template_of[key]
+        p = None
         if info.rule is not None:
             verdict = KeyVerdict(info.rule, 1.0, "rule")
         elif not info.candidate:
@@ -257,15 +259,18 @@ def decide(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
             verdict = KeyVerdict(NORMAL, 1.0, "routine")
         else:
             p = detector.probability(info.evidence, stats_of[tid])
-            if p < detector.threshold:
-                verdict = KeyVerdict(NORMAL, round(1.0 - p, 4), "detector")
+            verdict = KeyVerdict(NORMAL, round(1.0 - p, 4), "detector") if p < detector.threshold else None
+        decided.append((key, info, verdict, p))
+    # The taxonomy's model for every flagged key at once (one sparse product, not one per key).
+    asked = [info.key for _, info, verdict, _ in decided if verdict is None]
+    guesses = iter(_trained_model(taxonomy).classify_many(asked) if asked else ())
+    for key, info, verdict, p in decided:
+        if verdict is None:
+            guess = next(guesses)
+            if guess.is_failure:
+                verdict = KeyVerdict(guess.category, round(guess.confidence, 4), "model")
             else:
-                guess = _trained_model(taxonomy).classify(info.key)
-                if guess.is_failure:
-                    verdict = KeyVerdict(guess.category, round(guess.confidence, 4), "model")
-                else:
-                    verdict = None
-                    unknown.setdefault(tid, []).append((key, info, p))
+                unknown.setdefault(template_of[key], []).append((key, info, p))
         if verdict is not None:
             verdicts[key] = verdict
             methods[verdict.method] = methods.get(verdict.method, 0) + 1

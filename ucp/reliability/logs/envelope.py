@@ -68,13 +68,16 @@ _JSON_TIME = ("time", "timestamp", "@timestamp", "ts", "date", "datetime", "even
 _JSON_HOST = ("host", "hostname", "node", "nodename", "_HOSTNAME", "Hostname")
 _JSON_LEVEL = ("level", "severity", "lvl", "loglevel", "levelname", "PRIORITY", "Level")
 STRONG = frozenset("TELP")
+# The two output streams a container runtime or shipper names (CRI, Docker, fluentd): a flag, never a host.
+_STREAMS = frozenset(("stdout", "stderr"))
 
 
 def token_class(token: str) -> str:
-    """One column value's class: T time, E epoch, L level, P priority, N number, D dash, H host-like, W word.
+    """One column value's class: T time, E epoch, L level, P priority, N number, D dash or flag, H host-like, W word.
 
-    >>> [token_class(t) for t in ("2016-05-01", "Jun", "1131566461", "INFO", "<13>1", "4000", "-", "dn228", "ok:")]
-    ['T', 'T', 'E', 'L', 'P', 'N', 'D', 'H', 'W']
+    >>> [token_class(t) for t in ("2016-05-01", "Jun", "1131566461", "INFO", "<13>1", "4000", "-", "stdout", "dn228",
+    ...                           "ok:")]
+    ['T', 'T', 'E', 'L', 'P', 'N', 'D', 'D', 'H', 'W']
     """
     if _NAME.fullmatch(token):
         return "T"
@@ -90,7 +93,7 @@ def token_class(token: str) -> str:
             return "N"
         if _TIMEISH.fullmatch(token):
             return "T"
-    if _DASH.fullmatch(token):
+    if _DASH.fullmatch(token) or token in _STREAMS:
         return "D"
     if level_of(token) is not None:
         return "L"
@@ -329,26 +332,53 @@ def _latest_past_year(layout: StampLayout, stamps: list[str], now: float | None)
     return year, True
 
 
-# -- JSON lines ---------------------------------------------------------------------------------------------
+# -- records: JSON lines and logfmt ----------------------------------------------------------------------------
+_LOGFMT_PAIR = re.compile(r'([A-Za-z_][\w.@/-]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?:\s+|\Z)')
+_LOGFMT_ESCAPE = re.compile(r"\\(.)")
+_UNESCAPE = {"n": "\n", "t": "\t", "r": "\r"}
+
+
+def _logfmt(text: str) -> dict | None:
+    """The pairs of a logfmt line (``ts=... level=info msg="a quoted message"``), or None if it is not one."""
+    pairs, pos = {}, 0
+    for m in _LOGFMT_PAIR.finditer(text):
+        if m.start() != pos:
+            return None
+        value = m.group(2)
+        if value.startswith('"'):
+            value = _LOGFMT_ESCAPE.sub(lambda e: _UNESCAPE.get(e.group(1), e.group(1)), value[1:-1])
+        pairs[m.group(1)] = value
+        pos = m.end()
+    return pairs if pos == len(text) and len(pairs) >= 2 else None
+
+
+def _record(text: str, kind: str) -> dict | None:
+    if kind == "logfmt":
+        return _logfmt(text)
+    if not text.startswith("{"):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 @dataclass(frozen=True)
 class JsonRecord:
-    """Field names of a source of JSON lines: where its message, stamp, host and level are."""
+    """Field names of a source of records - JSON lines or logfmt - where its message, stamp, host and level are."""
 
     message: str
     time: str | None
     host: str | None
     level: str | None
     layout: StampLayout | None
+    kind: str = "json"  # or "logfmt": key=value pairs, values quoted where they hold blanks
 
     def split(self, text: str) -> tuple[float | None, str | None, str | None, str] | None:
         """``(seconds, host, level, message)`` of one line, or None when it is not such a record."""
-        if not text.startswith("{"):
-            return None
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get(self.message), str):
+        obj = _record(text, self.kind)
+        if obj is None or not isinstance(obj.get(self.message), str):
             return None
         stamp = obj.get(self.time) if self.time else None
         ts = self.layout.convert(str(stamp)) if self.layout is not None and stamp is not None else None
@@ -359,19 +389,20 @@ class JsonRecord:
 
 
 def learn_json(lines: Sequence[str], *, year: int | None = None) -> JsonRecord | None:
-    """The record layout of a source whose lines are JSON objects with a message field, or None."""
+    """The record layout of a source whose lines are JSON objects or logfmt pairs with a message field, or None.
+
+    >>> learn_json(['ts=2024-05-01T10:00:%02dZ level=warn msg="disk %d slow"' % (i, i) for i in range(9)]).kind
+    'logfmt'
+    """
     sample = [line for line in lines if line.strip()][:500]
-    objects = []
-    for line in sample:
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                objects.append(obj)
-    if len(sample) < MIN_LINES or len(objects) < MIN_SHARE * len(sample):
-        return None
+    for kind in ("json", "logfmt"):
+        objects = [obj for obj in (_record(line.strip(), kind) for line in sample) if obj is not None]
+        if len(sample) >= MIN_LINES and len(objects) >= MIN_SHARE * len(sample):
+            return _record_layout(objects, kind, year)
+    return None
+
+
+def _record_layout(objects: list[dict], kind: str, year: int | None) -> JsonRecord | None:
 
     def common(names, want=str):
         for name in names:
@@ -385,4 +416,4 @@ def learn_json(lines: Sequence[str], *, year: int | None = None) -> JsonRecord |
     stamp = common(_JSON_TIME, (str, int, float))
     layout = learn_layout([str(o[stamp]) for o in objects[:200]], year=year) if stamp else None
     return JsonRecord(message=message, time=stamp if layout is not None else None, host=common(_JSON_HOST),
-                      level=common(_JSON_LEVEL), layout=layout)
+                      level=common(_JSON_LEVEL), layout=layout, kind=kind)

@@ -50,9 +50,11 @@ _PRI = re.compile(r"<(\d{1,3})>")
 _GLOG = re.compile(r"([IWEF])\d{4}")
 _KEYED = re.compile(r"(?:level|lvl|severity|loglevel)=\"?([A-Za-z]+)\"?", re.IGNORECASE)
 _COMPONENT = re.compile(r"[\w.$()/@-]+(?:\[[\w.:-]*\])?:|[\w./-]+:\d+\]")  # "tag[pid]:", glog's "file.go:12]"
+_SOURCE_LINE = re.compile(r"[\w./-]+:\d+\]")  # glog's "file.cc:12]": a source location, never a message's word
 _DOTTED = re.compile(r"[A-Za-z_][\w$]*(?:\.[\w$]+)+")
 _WORD = re.compile(r"[A-Za-z]")
 _PIPE_HEADER = re.compile(r"(?:[^|\s]*\|){2,}")
+COMPONENT_SHARE = 0.5  # a component column: most header lines name one (a message's first word: a few)
 
 
 def level_of(token: str, *, after_tag: bool = False) -> int | None:
@@ -98,8 +100,13 @@ def _skip_context(tokens: list[str], i: int) -> int:
     return i
 
 
-def split_header(message: str) -> tuple[int | None, str]:
-    """``(severity or None, content)`` of one message (see the module docstring)."""
+def split_header(message: str, *, components: bool = True) -> tuple[int | None, str]:
+    """``(severity or None, content)`` of one message (see the module docstring).
+
+    ``components=False``: a ``name:`` or dotted name after the level is content, not a component (a
+    source whose messages carry no component column, see :func:`has_component_column`); a source
+    location (``file.cc:12]``) is header either way.
+    """
     severity = None
     m = _PRI.match(message)
     if m is not None:
@@ -141,7 +148,8 @@ def split_header(message: str) -> tuple[int | None, str]:
         i = _skip_context(tokens, _skip(tokens, i))
         if severity is None and "-" in tokens[i:i + 3]:  # "[stamp] program *64 - content"
             i = tokens.index("-", i) + 1
-        elif i < n - 1 and (_COMPONENT.fullmatch(tokens[i]) or _DOTTED.fullmatch(tokens[i])):
+        elif i < n - 1 and (_SOURCE_LINE.fullmatch(tokens[i]) or (components and (
+                _COMPONENT.fullmatch(tokens[i]) or _DOTTED.fullmatch(tokens[i])))):
             i = _skip_context(tokens, i + 1)
     elif "-" in tokens[i:i + 2] and not any(_WORD.match(t) for t in tokens[i:tokens.index("-", i)]):
         i = tokens.index("-", i) + 1  # "*64 - content", "- content": a mark before a dash (Proxifier's "*64")
@@ -163,3 +171,26 @@ def split_header(message: str) -> tuple[int | None, str]:
     if i >= n:
         return severity, message.strip()
     return severity, " ".join(tokens[i:]).strip()
+
+
+def has_component_column(messages: list[str]) -> bool:
+    """Whether most of one source's messages that have a header name a component after it.
+
+    ``INFO dfs.DataNode: Receiving block`` in every line is a logger's component column;
+    ``INFO getTasks: caller 1000 ...`` in a few lines among ``INFO Skipping ...`` is the first word
+    of those messages, which a rewritten header put right after the level.
+
+    >>> has_component_column(["INFO dfs.DataNode: got block %d" % i for i in range(5)])
+    True
+    >>> has_component_column(["INFO getTasks: caller 7", "INFO Skipping frames", "INFO Displayed app",
+    ...                       "WARN no window"])
+    False
+    """
+    with_header = with_component = 0
+    for message in messages:
+        severity, kept = split_header(message, components=False)
+        if severity is None and kept == message.strip():
+            continue  # no header at all: the syslog-tag rule, not this one
+        with_header += 1
+        with_component += split_header(message)[1] != kept
+    return with_header == 0 or with_component >= COMPONENT_SHARE * with_header

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ucp.reliability.logs.envelope import Envelope, learn_envelope, learn_json
-from ucp.reliability.logs.header import level_of
+from ucp.reliability.logs.header import has_component_column, level_of
 from ucp.reliability.logs.records import InputCounters, LogRecord
 
+COMPONENT_SAMPLE = 500  # first lines of a file that decide whether its messages have a component column
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 _ISO = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _ISO_PARTS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?$")
@@ -175,6 +176,8 @@ class LineReader:
         self._day_cache: dict[tuple[int, int, int], float | None] = {}
         self.current_file: str | None = None
         self._file_job: str | None = None
+        self.components = True  # the last parsed line's source names a component after its level
+        self._components: dict = {}  # envelope index -> whether its messages have a component column
         self.last_ts: float | None = None
         self.last_node: str | None = None
         # Candidate envelopes by the line's first character, most recently matched first.
@@ -309,6 +312,8 @@ class LineReader:
         self._file_job = m.group(1) if m else None
         self.last_ts = None
         self.last_node = None
+        self._components = {}
+        self.components = True
 
     def learn(self, texts: list) -> None:
         """Learn the current file's envelopes from its first lines (:mod:`ucp.reliability.logs.envelope`).
@@ -337,6 +342,14 @@ class LineReader:
             if envelope is not None and envelope.year_assumed and self.current_file not in self.counters.year_assumed:
                 self.counters.year_assumed.append(self.current_file)
         self._learned = learned
+        # Whether each source's messages carry a component column after their level (header.py); a source is
+        # the envelope that takes its lines (a file may mix several).
+        by_envelope: dict = {}
+        for text in texts[:COMPONENT_SAMPLE]:
+            if text:
+                idx, _, result = self._envelope(text, learn=False)
+                by_envelope.setdefault(idx, []).append(text if result is None else result[2])
+        self._components = {idx: has_component_column(messages) for idx, messages in by_envelope.items()}
 
     def _learned_split(self, text: str):
         """``(k, match or None, (ts, node, message))`` of the first learned envelope ``text`` fits."""
@@ -463,6 +476,7 @@ class LineReader:
         if file != self.current_file:
             self.start_file(file)
         idx, m, result = self._envelope(text)
+        self.components = self._components.get(idx, True)
         shape = self._shape_of(idx, m, text) if want_shape else None
         counters = self.counters
         if result is None:

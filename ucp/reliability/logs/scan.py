@@ -107,9 +107,9 @@ class PartialScan:
     drafts: list  # (file, line within partition, ts, node, job, key, message[:500]) of candidate keys
 
 
-def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int) -> KeyInfo:
-    """Everything the text of one line says (run once per masked key)."""
-    severity, content = split_header(message)
+def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int, components: bool = True) -> KeyInfo:
+    """Everything the text of one line says (run once per masked key); ``components``: see split_header."""
+    severity, content = split_header(message, components=components)
     tokens = template_tokens(content)
     # Words are judged on the template text: words inside paths and values ("/Logs/CrashReporter") do not
     # count; error codes (HRESULT = 0x8..., status: 503) on the content, which still has its values.
@@ -239,7 +239,8 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
             masked = mask(message)
             hit = keys.get(masked)
             if hit is None:
-                hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno)
+                hit = keys[masked] = judge_key(masked, message, taxonomy=taxonomy, first_line=lineno,
+                                               components=reader.components)
             if len(by_message_shape) >= _MESSAGE_SHAPE_CACHE_MAX:
                 by_message_shape.clear()
             by_message_shape[shaped] = hit

@@ -68,7 +68,7 @@ def parse_templates(paths: Iterable[str], *, known: TemplateSet | None = None,
                 _ts, _node, _job, message, _source = reader.parse(path, lineno, text)
                 slot = cache.get(message)
                 if slot is None:
-                    tokens = template_tokens(split_header(message)[1])
+                    tokens = template_tokens(split_header(message, components=reader.components)[1])
                     slot = index.get(tokens)
                     if slot is None:
                         slot = index[tokens] = len(order)

@@ -47,10 +47,56 @@ def glog(raw, row, i, ctx):
             f"main.cc:{ctx.rng.randrange(10, 900)}] {_content(row)}")
 
 
+# Written 2026-12-04 23:58 UTC, before any run of them (a second batch of held-out envelopes).
+_PRIORITY = {"FATAL": 2, "ERROR": 3, "WARN": 4, "WARNING": 4, "NOTICE": 5, "INFO": 6, "DEBUG": 7}
+
+
+def journal_short_iso(raw, row, i, ctx):
+    # `journalctl -o short-iso`: ISO stamp with a numeric zone, host, identifier[pid]:, the message.
+    t = ctx.tick()
+    return f"{t.strftime('%Y-%m-%dT%H:%M:%S')}+0000 {ctx.host()} {ctx.apps[0]}[{4000 + i % 5}]: {_content(row)}"
+
+
+def journal_json(raw, row, i, ctx):
+    # `journalctl -o json`: one object per entry, microseconds since the epoch as a string, PRIORITY a digit.
+    t = ctx.tick()
+    return json.dumps({"__CURSOR": f"s=6f1b;i={1000 + i:x};b=9a3c;m={i:x};t=5f0;x=77", "__REALTIME_TIMESTAMP":
+                       str(int(t.timestamp() * 1_000_000)), "_HOSTNAME": ctx.host(),
+                       "PRIORITY": str(_PRIORITY.get(ctx.level(row), 6)), "SYSLOG_IDENTIFIER": ctx.apps[0],
+                       "_PID": str(4000 + i % 5), "MESSAGE": _content(row)})
+
+
+def slurmd(raw, row, i, ctx):
+    # slurmd's log file: the ISO stamp with milliseconds in brackets; errors and debug lines say so after it.
+    t = ctx.tick()
+    level = ctx.level(row)
+    mark = "error: " if level in ("ERROR", "FATAL") else "debug:  " if level == "DEBUG" else ""
+    return f"[{t.strftime('%Y-%m-%dT%H:%M:%S')}.{t.microsecond // 1000:03d}] {mark}{_content(row)}"
+
+
+def nccl(raw, row, i, ctx):
+    # NCCL's debug prefix: host:pid:tid [device] NCCL INFO|WARN, no time stamp.
+    level = "WARN" if ctx.level(row) in ("WARN", "WARNING", "ERROR", "FATAL") else "INFO"
+    host = ("gpu-node03", "gpu-node11", "gpu-node17")[i % 3]
+    return f"{host}:{21000 + i % 4}:{21100 + i % 9} [{i % 8}] NCCL {level} {_content(row)}"
+
+
+def logfmt(raw, row, i, ctx):
+    # go-kit/logfmt: key=value pairs, the message quoted with its quotes and backslashes escaped.
+    msg = _content(row).replace("\\", "\\\\").replace('"', '\\"')
+    return (f"ts={_iso(ctx.tick(), 3, 'Z')} caller=main.go:{40 + i % 30} level={ctx.level(row).lower()} "
+            f'msg="{msg}"')
+
+
 HELD_OUT: dict[str, Envelope] = {e.name: e for e in (
     Envelope("bsd-relay", bsd_relay, "forwarded"),
     Envelope("access-stamp", access_stamp, "rewritten"),
     Envelope("docker-json", docker_json, "forwarded"),
     Envelope("epoch-tabs", epoch_tabs, "rewritten"),
     Envelope("glog", glog, "rewritten"),
+    Envelope("journal-short-iso", journal_short_iso, "rewritten"),
+    Envelope("journal-json", journal_json, "rewritten"),
+    Envelope("slurmd", slurmd, "rewritten"),
+    Envelope("nccl", nccl, "rewritten"),
+    Envelope("logfmt", logfmt, "rewritten"),
 )}
