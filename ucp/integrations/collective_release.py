@@ -22,28 +22,39 @@ import os
 import socket
 import stat
 
-__all__ = ["release_collectives"]
+__all__ = ["release_collectives", "socket_fds"]
 
 
-def release_collectives(*, keep_port: int) -> int:
-    """Shut down every connected TCP socket of this process whose peer port is not ``keep_port``
-    (the rendezvous store's); returns how many. Listening sockets, pipes and Unix sockets are left."""
+def socket_fds() -> set[int]:
+    """The file descriptors of this process that are sockets (empty where /proc is not there)."""
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return 0
-    released = 0
+        return set()
+    out = set()
     for name in names:
         try:
-            fd = int(name)
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            sock = socket.socket(fileno=os.dup(fd))  # a duplicate: closing it leaves the original open
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                out.add(int(name))
         except (OSError, ValueError):
+            continue
+    return out
+
+
+def release_collectives(*, keep_port: int, also: frozenset[int] | set[int] = frozenset()) -> int:
+    """Shut down every connected TCP socket of this process whose peer port is not ``keep_port``
+    (the rendezvous store's), and the sockets ``also`` names even if they go to it (the process
+    group's own store connection); returns how many. Listening sockets, pipes and Unix sockets
+    are left."""
+    released = 0
+    for fd in sorted(socket_fds()):
+        try:
+            sock = socket.socket(fileno=os.dup(fd))  # a duplicate: closing it leaves the original open
+        except OSError:
             continue
         try:
             if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
-                if sock.getpeername()[1] != keep_port:
+                if sock.getpeername()[1] != keep_port or fd in also:
                     sock.shutdown(socket.SHUT_RDWR)  # acts on the connection, so on the original too
                     released += 1
         except OSError:

@@ -82,6 +82,15 @@ class ElasticContext:
     # join() and the beat thread's release of a stale generation's collectives exclude each other
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _joining: bool = field(default=False, repr=False)
+    # what the main thread is doing, published with every beat: a rendezvous that times out names
+    # the members that never came and where each of them was (a diagnosis, not a guess)
+    stage: str = field(default="starting", repr=False)
+    _stage_since: float = field(default_factory=time.time, repr=False)
+    # the process group's own store connection (socket fds): released with the group's collectives
+    # when the generation is over, so a rank forming it while a member died is not held until the
+    # group's timeout waiting for that member's address
+    _pg_store: Any = field(default=None, repr=False)
+    _pg_store_fds: frozenset[int] = field(default=frozenset(), repr=False)
 
     @property
     def rank(self) -> int:
@@ -91,6 +100,9 @@ class ElasticContext:
         self.events.put({"kind": kind, "uid": self.uid, "rank": self.rank, **data})
 
 
+    def set_stage(self, stage: str) -> None:
+        self.stage, self._stage_since = stage, time.time()
+
     def stopped(self) -> bool:
         return self.store.check(["stop"])
 
@@ -99,7 +111,9 @@ class ElasticContext:
         ready; None when the agent stops the job first (an idle spare at the end)."""
         with self._lock:
             self._joining = True
+        self.set_stage(f"waiting for a generation after {after}")
         deadline = time.monotonic() + (self.rendezvous_timeout_s if timeout_s is None else timeout_s)
+        missing: tuple[int, list[int]] | None = None
         while time.monotonic() < deadline:
             if self.stopped():
                 return None
@@ -110,6 +124,8 @@ class ElasticContext:
                     after = latest  # not needed in this generation: wait as a spare
                     continue
                 self.store.set(f"ready/{latest}/{self.uid}", "1")
+                self.set_stage(f"ready for generation {latest}")
+                missing = (latest, info["uids"])
                 if self._all_ready(latest, info["uids"], deadline):
                     with self._lock:
                         self.membership = Membership(latest, info["uids"].index(self.uid), len(info["uids"]),
@@ -119,8 +135,24 @@ class ElasticContext:
                     return self.membership
                 continue  # superseded while waiting (a failure during re-forming): the newer one is read next
             time.sleep(0.002)
+        if missing is not None:
+            raise RendezvousTimeout(f"process {self.uid}: generation {missing[0]} was not formed within "
+                                    f"{self.rendezvous_timeout_s:g}s; {self._absent(*missing)}")
         raise RendezvousTimeout(f"process {self.uid}: no generation after {after} was formed within "
-                                f"{self.rendezvous_timeout_s:.0f}s; the agent is gone or cannot place this rank")
+                                f"{self.rendezvous_timeout_s:g}s; the agent is gone or cannot place this rank")
+
+    def _absent(self, generation: int, uids: list[int]) -> str:
+        """Which members of ``generation`` never marked themselves ready, and where each last was."""
+        out = []
+        for u in uids:
+            if self.store.check([f"ready/{generation}/{u}"]):
+                continue
+            where = "no stage reported"
+            if self.store.check([f"stage/{u}"]):
+                stage, since = json.loads(self.store.get(f"stage/{u}"))
+                where = f"{stage} for {time.time() - since:.0f}s"
+            out.append(f"process {u} ({where})")
+        return "not ready: " + ", ".join(out) if out else "every member was ready, then a newer generation came"
 
     def _all_ready(self, generation: int, uids: list[int], deadline: float) -> bool:
         keys = [f"ready/{generation}/{u}" for u in uids]
@@ -150,10 +182,19 @@ class ElasticContext:
         os.environ.update(RANK=str(m.rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(m.rank),
                           LOCAL_WORLD_SIZE=str(world_size))
         prefix = f"pg/{m.generation}/{tag}"
-        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self.store), rank=m.rank,
+        self.set_stage(f"forming the process group of generation {m.generation}")
+        from ucp.integrations.collective_release import socket_fds
+
+        with self._lock:  # the beat thread's release sees the new connection's fds or none of it
+            before = socket_fds()
+            self._pg_store = dist.TCPStore(self.store.host, self.store.port, is_master=False,
+                                           timeout=timedelta(seconds=self.collective_timeout_s))
+            self._pg_store_fds = frozenset(socket_fds() - before)
+        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self._pg_store), rank=m.rank,
                                 world_size=world_size,
                                 timeout=timedelta(seconds=self.collective_timeout_s))
         self._formed = prefix
+        self.set_stage(f"in generation {m.generation}")
 
     def leave(self) -> None:
         """Destroy the default process group, if any (gloo: its sockets to dead peers are closed already)."""
@@ -161,6 +202,8 @@ class ElasticContext:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        with self._lock:  # forgotten before the connection may close: its fd numbers can be reused
+            self._pg_store_fds, self._pg_store = frozenset(), None
         self._formed = None
 
 
@@ -180,6 +223,7 @@ def _beat_forever(store, ctx: ElasticContext, port: int) -> None:
     while True:
         try:
             store.set(f"beat/{ctx.uid}", repr(time.time()))
+            store.set(f"stage/{ctx.uid}", json.dumps([ctx.stage, ctx._stage_since]))
             m = ctx.membership
             if m is None or ctx._joining or m.generation == released_for or int(store.get("gen")) <= m.generation:
                 behind_since = None
@@ -188,7 +232,8 @@ def _beat_forever(store, ctx: ElasticContext, port: int) -> None:
             elif time.monotonic() - behind_since > RELEASE_AFTER_S:
                 with ctx._lock:
                     if not ctx._joining and ctx.membership is m:  # still in the old generation's code
-                        ctx.emit("released", generation=m.generation, sockets=release_collectives(keep_port=port))
+                        released = release_collectives(keep_port=port, also=ctx._pg_store_fds)
+                        ctx.emit("released", generation=m.generation, sockets=released)
                 released_for, behind_since = m.generation, None
         except Exception:  # noqa: BLE001 - the agent is gone: nobody to tell
             return
