@@ -14,10 +14,10 @@ tensors a non-strict load leaves out (:class:`~ucp.errors.PartialLoadWarning`)::
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 
+from ucp.dtensor import is_dtensor
 from ucp.dtypes import dtype_name
 from ucp.errors import KeyMismatchError, PartialLoadWarning, ShapeMismatchError, UnsupportedTensorError
 from ucp.geometry import Box, FlatRange
@@ -109,10 +109,6 @@ def saved_extras(
             stacklevel=6,
         )
     return extras
-
-
-def is_dtensor(tensor: Any) -> bool:
-    return type(tensor).__name__ == "DTensor"
 
 
 def spec_for_into(reader: CheckpointReader, into: dict[str, torch.Tensor], strict: bool) -> FragmentMap:
