@@ -50,6 +50,9 @@ def test_headers_give_severity_and_content(message, severity, content):
     ("instruction address: 0x0012a4", CRITICAL, False),
     ("Lustre mount FAILED : ionode7 : block_id : location", CRITICAL, True),
     ("job 12 started on 64 nodes", INFO, False),
+    # a strong phrase without any other failure word, no level: it counted only as "strong" before, which
+    # the fit weighs against routine boot lines naming a machine check, and p stayed under 0.5
+    ("GPU 3 has fallen off the bus", None, True),
 ])
 def test_detector_judges_text_it_was_never_shown(text, severity, failure):
     evidence = line_evidence(" ".join(template_tokens(text)), severity=severity)
