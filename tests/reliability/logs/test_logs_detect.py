@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucp.reliability.logs.analyze import AnalysisOptions, analyze_logs
-from ucp.reliability.logs.detect import Detector, TemplateStats, failure_phrase, is_dump, line_evidence
+from ucp.reliability.logs.detect import (Detector, LineEvidence, TemplateStats, failure_phrase, feature_vector, is_dump,
+                                        line_evidence)
 from ucp.reliability.logs.discover import FlaggedTemplate, discover_categories
 from ucp.reliability.logs.header import CRITICAL, ERROR, INFO, WARNING, split_header
 from ucp.reliability.logs.masking import template_tokens
@@ -48,6 +50,9 @@ def test_headers_give_severity_and_content(message, severity, content):
     ("instruction address: 0x0012a4", CRITICAL, False),
     ("Lustre mount FAILED : ionode7 : block_id : location", CRITICAL, True),
     ("job 12 started on 64 nodes", INFO, False),
+    # a strong phrase without any other failure word, no level: it counted only as "strong" before, which
+    # the fit weighs against routine boot lines naming a machine check, and p stayed under 0.5
+    ("GPU 3 has fallen off the bus", None, True),
 ])
 def test_detector_judges_text_it_was_never_shown(text, severity, failure):
     evidence = line_evidence(" ".join(template_tokens(text)), severity=severity)
@@ -171,3 +176,25 @@ def test_blue_gene_ras_lines_are_read_without_their_label(tmp_path):
     assert [e.line for e in ra.events] == [2, 4]
     assert {e.node for e in ra.events} == {"R02-M1-N0-C:J12-U11"} and ra.events[0].timestamp == 1117838571.0
     assert ra.events[0].category == "software/kernel/panic" and ra.events[1].category == "infra/launcher/job-launch"
+
+
+def test_a_small_systems_few_lines_do_not_outvote_a_large_systems_many_in_the_fit():
+    # Regression: every system weighed the same in the detector's fit, so a system with a handful of
+    # candidate lines gave each of them the weight of dozens of another's (three Android warnings set the
+    # warning level's weight that every other fold was judged with). A system weighs sqrt(its lines) now.
+    from ucp.tools.bench.logs_loso import fit_detector
+
+    stats = TemplateStats(lines=50, nodes=1, total_lines=2000, total_nodes=4)
+
+    def row(severity, words, label):
+        evidence = LineEvidence(severity=severity, failure_words=words, strong=False, benign=False, auth=False,
+                                exception=False, dump=False)
+        return feature_vector(evidence, stats), label
+
+    large = [row(WARNING, 1, 1)] * 100 + [row(INFO, 1, 0)] * 300 + [row(None, 2, 1)] * 100
+    small = [row(WARNING, 1, 0)] * 3
+    detector = fit_detector({"large": large, "small": small})
+    warning = LineEvidence(severity=WARNING, failure_words=1, strong=False, benign=False, auth=False,
+                           exception=False, dump=False)
+    assert detector.probability(warning, stats) >= detector.threshold
+    assert detector.probability(replace(warning, severity=INFO), stats) < detector.threshold

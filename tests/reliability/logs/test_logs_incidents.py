@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ucp.reliability.logs.incidents import build_incidents, lemon_nodes
+from ucp.reliability.logs.incidents import SIMULTANEOUS_S, build_incidents, lemon_nodes
 from ucp.reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
 from ucp.reliability.logs.records import Event
 from ucp.reliability.logs.taxonomy import load_taxonomy
@@ -19,9 +19,9 @@ def taxonomy():
     return load_taxonomy()
 
 
-def _ev(ts, node, category, job=None, line=1, file="x.log"):
+def _ev(ts, node, category, job=None, line=1, file="x.log", template=0):
     return Event(file=file, line=line, timestamp=ts, node=node, job=job, category=category,
-                 template_id=0, confidence=1.0, message=category)
+                 template_id=template, confidence=1.0, message=category)
 
 
 def test_gpu_fault_then_a_thousand_rank_timeouts_is_one_incident(taxonomy):
@@ -139,8 +139,24 @@ def test_the_operator_reads_incidents_first_and_a_recurring_root_ranks_below_a_n
 def test_failures_without_a_host_fold_by_their_file(taxonomy):
     # A log with no host names (Apache's error log, Windows CBS): each event was its own incident before
     events = [_ev(T0 + 10 * i, None, "software/kernel/panic", line=i + 1, file="error.log") for i in range(5)]
-    events += [_ev(T0 + 20, None, "software/kernel/panic", line=1, file="other.log"),
+    # (another message: the same one in the same minute would be one event of two machines, see below)
+    events += [_ev(T0 + 20, None, "software/kernel/panic", line=1, file="other.log", template=1),
                _ev(T0 + 5000, None, "software/kernel/panic", line=99, file="error.log")]
     incidents, member = build_incidents(events, taxonomy=taxonomy, window_s=900)
     assert member == [0, 0, 0, 0, 0, 1, 2]
     assert [i.nodes for i in incidents] == [(), (), ()]
+
+
+def test_the_same_message_on_several_nodes_at_once_is_one_incident(taxonomy):
+    # Thunderbird: five admin nodes' sendmail wrote "unable to qualify my own domain name" in the same
+    # minute, and the operator read five incidents of one cause.
+    nodes = ["aadmin1", "badmin1", "cadmin1", "dadmin1", "eadmin1"]
+    at_once = [_ev(T0 + 2 * k, node, "infra/discovered/sendmail", line=k, template=7) for k, node in enumerate(nodes)]
+    later = [_ev(T0 + 3600, "aadmin1", "infra/discovered/sendmail", line=90, template=7),
+             _ev(T0 + 3600 + SIMULTANEOUS_S + 1, "badmin1", "infra/discovered/sendmail", line=91, template=7)]
+    other = [_ev(T0 + 5, "fadmin1", "infra/discovered/ntpd", line=95, template=8)]  # another message, same minute
+    incidents, member = build_incidents(at_once + later + other, taxonomy=taxonomy, window_s=900)
+    assert member[:5] == [0] * 5 and incidents[0].nodes == tuple(nodes)
+    # an hour later on one node, and a minute after that elsewhere: not at once, two incidents
+    assert len({member[5], member[6], member[0]}) == 3
+    assert member[7] not in (member[0], member[5], member[6])

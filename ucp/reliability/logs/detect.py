@@ -136,8 +136,13 @@ def line_evidence(content: str, *, severity: int | None, raw: str | None = None)
     words = len(_FAILURE.findall(content))
     if raw is not None:
         words += len(_ERROR_CODE.findall(raw))
+    strong = _STRONG.search(content) is not None
+    if strong and not words:
+        # A strong phrase is a failure word too ("GPU has fallen off the bus", "uncorrectable", "machine
+        # check"); without this count it was weighed only against routine boot lines that name one.
+        words = 1
     return LineEvidence(
-        severity=severity, failure_words=min(words, 3), strong=_STRONG.search(content) is not None,
+        severity=severity, failure_words=min(words, 3), strong=strong,
         benign=_BENIGN.search(content) is not None, auth=_AUTH.search(content) is not None,
         exception=_EXCEPTION.search(content) is not None,
         dump=is_dump(content))

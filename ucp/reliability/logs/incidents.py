@@ -7,7 +7,10 @@ incident (last event no more than ``window_s`` earlier) that shares its job or
 node (an event without a node counts as its file's: a log without host names
 is one machine's or one stream's), and a *symptom* (a category the taxonomy marks ``symptom``, e.g. NCCL
 timeouts) joins the most recent open incident even without a shared job or
-node, because cascades cross nodes. A failure of another category joins its node's
+node, because cascades cross nodes. The same message (template and category) on other nodes within
+:data:`SIMULTANEOUS_S` of its first line in an incident joins that incident: five nodes' sendmail
+saying the same thing in the same minute is one event of a shared cause, not five incidents. A failure
+of another category joins its node's
 incident only within ``window_s`` of the incident's start (a storm of one message that
 fires for hours keeps its incident open, but does not swallow what else happens on
 that node). The root cause is the earliest event of the
@@ -30,6 +33,10 @@ from scipy.stats import poisson
 
 from ucp.reliability.logs.records import Event
 from ucp.reliability.logs.taxonomy import Taxonomy
+
+# Lines of one message on several nodes this close together report one cause (a shared server, a pushed
+# configuration); the same span discover.py uses for templates that fire together on a node.
+SIMULTANEOUS_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
     by_job: dict[str, int] = {}
     by_node: dict = {}
     by_node_category: dict[tuple, int] = {}
+    by_message: dict[tuple, tuple[int, float]] = {}  # (template, category) -> (incident, its first line there)
     latest: int | None = None
     latest_symptomatic: int | None = None
     untimed_by_file: dict[str, int] = {}
@@ -120,6 +128,10 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
                         category in kinds[g] or t - starts[g] <= window_s):
                     gid = g
             if gid is None:
+                seen = by_message.get((ev.template_id, category))  # the same message on another node, at once
+                if seen is not None and t - seen[1] <= SIMULTANEOUS_S:
+                    gid = seen[0]
+            if gid is None:
                 if symptom:
                     if latest is not None and t - ends[latest] <= window_s:
                         gid = latest
@@ -136,6 +148,9 @@ def build_incidents(events: list[Event], *, taxonomy: Taxonomy,
             elif t > ends[gid]:
                 ends[gid] = t
             latest = gid
+            seen = by_message.get((ev.template_id, category))
+            if seen is None or seen[0] != gid:
+                by_message[ev.template_id, category] = (gid, t)
             by_node[source] = gid
             by_node_category[source, category] = gid
             if job is not None:
