@@ -124,7 +124,7 @@ def read_runs(
             window.append((nxt, start(nxt)))
         found = iter(digests)
         at = run.start
-        for unit, arrays in zip(run.units, pieces):
+        for unit, arrays in zip(run.units, pieces, strict=True):
             if unit.offset > at:
                 next(found)  # the padding's
             on_read(unit, arrays, [next(found) for _ in arrays])
@@ -168,7 +168,7 @@ class ChunkPieces:
             at = start + dest.nbytes
         scratch = np.empty(sum(gaps) + self.nbytes - at, np.uint8)  # one buffer for every gap
         out, used = [], 0
-        for gap, (_, dest) in zip(gaps, self._wants):
+        for gap, (_, dest) in zip(gaps, self._wants, strict=True):
             if gap:
                 out.append(scratch[used : used + gap])
                 used += gap

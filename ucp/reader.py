@@ -216,6 +216,7 @@ class CheckpointReader:
             _check_read(request.logical, entry, request.region, dest)
         straight: list[tuple[TensorEntry, Fragment, torch.Tensor]] = []
         parts: list[tuple[TensorEntry, Fragment, int, np.ndarray]] = []
+        single = len(plan.requests) == 1
         for item in plan.items:
             region, dest = plan.requests[item.request].region, dests[item.request]
             if isinstance(region, Box):
@@ -229,10 +230,15 @@ class CheckpointReader:
             if self._reads_whole_fragment(item.fragment, item.src.box, item.src.span, item.overlap, target_view):
                 straight.append((entry, item.fragment, target_view))  # read below, coalesced
                 continue
-            # A part of a one-chunk small fragment comes from the store's cached pack windows, which
-            # serve the next small tensors of the pack too (one request, not one each, on object stores).
-            small = self._is_small(item.fragment)
-            start = None if small else _contiguous_part(item.fragment, item.src.box, item.src.span, item.overlap, target_view)
+            # A single read's part of a one-chunk small fragment comes from the store's cached pack
+            # windows, which serve the next calls' small tensors of the pack too (one request, not one
+            # each, on object stores); a batch's parts are coalesced into runs instead (read_many).
+            windowed = single and self._is_small(item.fragment)
+            start = (
+                None
+                if windowed
+                else _contiguous_part(item.fragment, item.src.box, item.src.span, item.overlap, target_view)
+            )
             if start is not None:  # a run of a packed fragment's bytes: read below, straight into the view
                 parts.append((entry, item.fragment, start, to_numpy(target_view).reshape(-1).view(np.uint8)))
             else:
@@ -314,7 +320,9 @@ class CheckpointReader:
             chunk.copy_out(outs)
 
         try:
-            read_runs(runs, start_read, lambda unit: unit.tag.arrays(), check, in_flight=self.options.prefetch_chunks + 2)
+            read_runs(
+                runs, start_read, lambda unit: unit.tag.arrays(), check, in_flight=self.options.prefetch_chunks + 2
+            )
         except (TruncatedDataError, IncompleteCheckpointError):
             self._name_damage(runs, lambda unit: unit.tag.arrays(), check, None)
             raise

@@ -51,7 +51,9 @@ def _tensors_key(tensors: dict | None) -> tuple | None:
     return tuple(out)
 
 
-def _key(compile_fn: Callable, program: Program, layout: Any, rank: int, tensors: dict, params: Any, extra: dict) -> tuple:
+def _key(
+    compile_fn: Callable, program: Program, layout: Any, rank: int, tensors: dict, params: Any, extra: dict
+) -> tuple:
     return (
         compile_fn.__module__,
         compile_fn.__qualname__,
