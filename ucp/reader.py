@@ -2,10 +2,13 @@
 
 The reader turns "fill this region of logical tensor X" into a load plan
 (:func:`ucp.load_plan.plan_load`, pure geometry) and executes its read items
-against the stored fragments, chunk by chunk along dim 0, with a few chunks
-prefetched. Memory beyond the destination is a bounded buffer (a handful of
-chunks), whatever the sizes of the fragments. Each chunk read is checked
-against its recorded checksum once per reader::
+against the stored fragments. Whole fragments, and runs of a packed fragment's
+bytes (a row block, a flat range: what a resharding load takes), are read straight
+into their destinations in coalesced reads, each chunk they touch read whole; other
+parts (column blocks) go chunk by chunk through a buffer along dim 0, with a few
+chunks prefetched. Memory beyond the destination is bounded (a handful of chunks),
+whatever the sizes of the fragments. Each chunk read is checked against its
+recorded checksum::
 
     reader = CheckpointReader("ckpt/step_10")
     part = reader.read_tensor("fc.weight", Box((4, 0), (4, 3)))   # rows 4..7 only
