@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+from ucp.layout import Layout
 from ucp.ucl.program import Program
 
 __all__ = ["compiled", "clear"]
@@ -52,7 +53,7 @@ def _tensors_key(tensors: dict | None) -> tuple | None:
 
 
 def _key(
-    compile_fn: Callable, program: Program, layout: Any, rank: int, tensors: dict, params: Any, extra: dict
+    compile_fn: Callable, program: Program, layout: Layout, rank: int, tensors: dict, params: Any, extra: dict
 ) -> tuple:
     return (
         compile_fn.__module__,
@@ -60,8 +61,7 @@ def _key(
         program.filename,
         program.source,
         _frozen(params or {}),
-        _frozen(dataclasses.asdict(layout)) if dataclasses.is_dataclass(layout) else _frozen(str(layout)),
-        type(layout).__name__,
+        _frozen(dataclasses.asdict(layout)),
         int(rank),
         _tensors_key(tensors),
         tuple(sorted((k, _tensors_key(v)) for k, v in extra.items())),
@@ -73,7 +73,14 @@ def _copy(fmap: Any) -> Any:
 
 
 def compiled(
-    compile_fn: Callable, program: Program, layout: Any, rank: int, tensors: dict, *, params: Any = None, **extra: Any
+    compile_fn: Callable,
+    program: Program,
+    layout: Layout,
+    rank: int,
+    tensors: dict,
+    *,
+    params: Any = None,
+    **extra: Any,
 ) -> Any:
     """``compile_fn(program, layout, rank, tensors, params=params, **extra)``, kept per process (see the module doc).
 
