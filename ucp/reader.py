@@ -2,10 +2,13 @@
 
 The reader turns "fill this region of logical tensor X" into a load plan
 (:func:`ucp.load_plan.plan_load`, pure geometry) and executes its read items
-against the stored fragments, chunk by chunk along dim 0, with a few chunks
-prefetched. Memory beyond the destination is a bounded buffer (a handful of
-chunks), whatever the sizes of the fragments. Each chunk read is checked
-against its recorded checksum once per reader::
+against the stored fragments. Whole fragments, and runs of a packed fragment's
+bytes (a row block, a flat range: what a resharding load takes), are read straight
+into their destinations in coalesced reads, each chunk they touch read whole; other
+parts (column blocks) go chunk by chunk through a buffer along dim 0, with a few
+chunks prefetched. Memory beyond the destination is bounded (a handful of chunks),
+whatever the sizes of the fragments. Each chunk read is checked against its
+recorded checksum::
 
     reader = CheckpointReader("ckpt/step_10")
     part = reader.read_tensor("fc.weight", Box((4, 0), (4, 3)))   # rows 4..7 only
@@ -34,7 +37,7 @@ from ucp.errors import (
 from ucp.geometry import Box, FlatRange, Region, region_fits, region_shape
 from ucp.load_plan import LoadPlan, LoadRequest, plan_load
 from ucp.manifest import Fragment, Manifest, TensorEntry
-from ucp.read_batches import Unit, coalesce, read_runs
+from ucp.read_batches import ChunkPieces, Unit, coalesce, read_runs
 from ucp.spec import LogicalTensor
 from ucp.stores import Store, StoreOptions
 from ucp.stores.pack_files import chunk_spans
@@ -84,6 +87,32 @@ def _check_read(name: str, entry: TensorEntry, region: Region, dest: torch.Tenso
 def _cache_key(frag: Fragment, index: int) -> tuple[str, int, int]:
     """Chunk identity: packed fragments share their pack's key, so their offset tells them apart."""
     return (frag.key, -1 if frag.pack_offset is None else frag.pack_offset, index)
+
+
+def _contiguous_part(
+    frag: Fragment, src_box: Box, span: FlatRange | None, overlap: Box, target_view: torch.Tensor
+) -> int | None:
+    """Where the copy's elements start in a packed fragment's storage, when they are one run of it and
+    the destination is contiguous CPU memory (then it is read straight in: :meth:`CheckpointReader._read_parts`).
+
+    An overlap is one run of its fragment's row-major storage when every dimension after some
+    ``k`` is whole and every one before ``k`` is a single index; None otherwise (a column block).
+    """
+    if frag.pack_offset is None or not overlap.ndim:
+        return None
+    if not (target_view.device.type == "cpu" and target_view.is_contiguous() and target_view.numel()):
+        return None
+    if isinstance(frag.region, Box):
+        rel, outer, base = overlap.relative_to(frag.region), frag.region.sizes, 0
+    else:
+        assert span is not None, "a flat fragment's pieces have spans"
+        rel, outer, base = overlap.relative_to(src_box), src_box.sizes, span.start
+    k = len(outer) - 1
+    while k > 0 and rel.sizes[k] == outer[k]:
+        k -= 1
+    if any(rel.sizes[d] != 1 for d in range(k)):
+        return None
+    return base + sum(o * s for o, s in zip(rel.offsets, _row_major_strides(outer)))
 
 
 def _packed_chunk_start(frag: Fragment, index: int, itemsize: int) -> int:
@@ -189,6 +218,8 @@ class CheckpointReader:
         for request, entry, dest in zip(plan.requests, entries, dests):
             _check_read(request.logical, entry, request.region, dest)
         straight: list[tuple[TensorEntry, Fragment, torch.Tensor]] = []
+        parts: list[tuple[TensorEntry, Fragment, int, np.ndarray]] = []
+        single = len(plan.requests) == 1
         for item in plan.items:
             region, dest = plan.requests[item.request].region, dests[item.request]
             if isinstance(region, Box):
@@ -201,10 +232,23 @@ class CheckpointReader:
             entry = entries[item.request]
             if self._reads_whole_fragment(item.fragment, item.src.box, item.src.span, item.overlap, target_view):
                 straight.append((entry, item.fragment, target_view))  # read below, coalesced
+                continue
+            # A single read's part of a one-chunk small fragment comes from the store's cached pack
+            # windows, which serve the next calls' small tensors of the pack too (one request, not one
+            # each, on object stores); a batch's parts are coalesced into runs instead (read_many).
+            windowed = single and self._is_small(item.fragment)
+            start = (
+                None
+                if windowed
+                else _contiguous_part(item.fragment, item.src.box, item.src.span, item.overlap, target_view)
+            )
+            if start is not None:  # a run of a packed fragment's bytes: read below, straight into the view
+                parts.append((entry, item.fragment, start, to_numpy(target_view).reshape(-1).view(np.uint8)))
             else:
                 self._copy(entry, item.fragment, item.src.box, item.src.span, item.overlap, target_view)
         self._chunks.clear()  # the buffer is per call: memory stays bounded across a whole load
         self._read_whole(straight)
+        self._read_parts(parts)
 
     def _read_whole(self, items: list[tuple[TensorEntry, Fragment, torch.Tensor]]) -> None:
         """Whole fragments straight into their destinations; packed ones in coalesced runs (:mod:`ucp.read_batches`)."""
@@ -216,7 +260,7 @@ class CheckpointReader:
             shape = region_shape(frag.region)
             flat = to_numpy(view).reshape(-1).view(np.uint8)
             for index, (a, b) in enumerate(chunk_spans(shape, flat.nbytes // max(1, view.numel()), frag.chunk_rows)):
-                units.append(Unit(frag.key, frag.pack_offset + a, b - a, (entry.name, frag, index, flat[a:b])))
+                units.append(Unit(frag.key, frag.pack_offset + a, b - a, (entry.name, frag, index, [flat[a:b]])))
         runs = coalesce(units, max_bytes=self.options.slab_bytes, max_gap=_MAX_GAP)
         digest = _checksum.digest if self.verify else None
 
@@ -225,25 +269,78 @@ class CheckpointReader:
             what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
             return self.storage.read_packed_into(f"data/{run.key}", run.start, outs, what=what, digest=digest)
 
-        def check(unit: Unit, found: str | None) -> None:
+        def check(unit: Unit, outs: list[np.ndarray], found: list[str | None]) -> None:
             name, frag, index, _ = unit.tag
             if self.verify and _cache_key(frag, index) not in self._verified:
-                self._compare(name, frag, index, found)  # type: ignore[arg-type]  # verify: a digest
+                self._compare(name, frag, index, found[0])  # type: ignore[arg-type]  # verify: a digest
 
         try:
             read_runs(runs, start_read, lambda unit: unit.tag[3], check, in_flight=self.options.reads_at_once)
         except (TruncatedDataError, IncompleteCheckpointError):
-            for run in runs:  # a damaged pack: read unit by unit, so that the error names the tensor and bytes
-                for unit in run.units:
-                    name, frag, _, out = unit.tag
-                    what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
-                    check(
-                        unit,
-                        self.storage.read_packed_into(
-                            f"data/{frag.key}", unit.offset, [out], what=what, digest=digest
-                        ).result()[0],
-                    )
+            self._name_damage(runs, lambda unit: unit.tag[3], check, digest)
             raise
+
+    def _read_parts(self, parts: list[tuple[TensorEntry, Fragment, int, np.ndarray]]) -> None:
+        """Runs of packed fragments' bytes (``(entry, fragment, first element, destination bytes)``) read
+        straight into their destinations, each chunk touched read whole and checked whole.
+
+        A chunk's checksum covers all of it, so the bytes of a touched chunk that no destination
+        wants are read too, into a scratch buffer that lives while its read is in flight, and the
+        chunk is hashed piece by piece in order (:class:`ucp.read_batches.ChunkPieces`). Where two
+        destinations want the same bytes, the chunk is read into scratch and copied out once checked.
+        Scratch stays bounded: at most ``prefetch_chunks + 2`` runs of up to ``chunk_bytes`` (or one chunk)
+        are in flight, the bound of the chunk buffer this replaces.
+        """
+        if not parts:
+            return
+        chunks: dict[tuple[str, int, int], ChunkPieces] = {}
+        for entry, frag, first, dest in parts:
+            assert frag.pack_offset is not None, "only packed fragments are read in parts"
+            shape = region_shape(frag.region)
+            itemsize = torch_dtype(entry.dtype).itemsize
+            row = math.prod(shape[1:]) * itemsize
+            step, total = frag.chunk_rows * row, shape[0] * row
+            lo, hi = first * itemsize, first * itemsize + dest.nbytes
+            for index in range(lo // step, (hi - 1) // step + 1):
+                c0, c1 = index * step, min((index + 1) * step, total)
+                key = _cache_key(frag, index)
+                if key not in chunks:
+                    chunks[key] = ChunkPieces(entry.name, frag, index, frag.pack_offset + c0, c1 - c0)
+                a, b = max(lo, c0), min(hi, c1)
+                chunks[key].want(a - c0, dest[a - lo : b - lo])
+        units = [Unit(c.frag.key, c.offset, c.nbytes, c) for c in chunks.values()]
+        runs = coalesce(units, max_bytes=self.options.chunk_bytes, max_gap=_MAX_GAP)
+
+        def start_read(run: Any, outs: list[np.ndarray]) -> Any:
+            first = run.units[0].tag
+            what = f"tensor {first.name!r} (fragment {first.frag.key!r} of rank {first.frag.rank})"
+            return self.storage.read_packed_into(f"data/{run.key}", run.start, outs, what=what)
+
+        def check(unit: Unit, outs: list[np.ndarray], _: list[str | None]) -> None:
+            chunk: ChunkPieces = unit.tag
+            if self.verify:  # every chunk read here is hashed: these bytes were not checked before
+                self._compare(chunk.name, chunk.frag, chunk.index, _digest_of(outs))
+            chunk.copy_out(outs)
+
+        try:
+            read_runs(
+                runs, start_read, lambda unit: unit.tag.arrays(), check, in_flight=self.options.prefetch_chunks + 2
+            )
+        except (TruncatedDataError, IncompleteCheckpointError):
+            self._name_damage(runs, lambda unit: unit.tag.arrays(), check, None)
+            raise
+
+    def _name_damage(self, runs: list, arrays: Any, check: Any, digest: Any) -> None:
+        """After a short read of a run: read its units one by one, so that the error names the tensor and bytes."""
+        for run in runs:
+            for unit in run.units:
+                name, frag = (unit.tag.name, unit.tag.frag) if isinstance(unit.tag, ChunkPieces) else unit.tag[:2]
+                what = f"tensor {name!r} (fragment {frag.key!r} of rank {frag.rank})"
+                outs = arrays(unit)
+                found = self.storage.read_packed_into(
+                    f"data/{frag.key}", unit.offset, outs, what=what, digest=digest
+                ).result()
+                check(unit, outs, found)
 
     def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Whole logical tensors, one at a time, in name order."""
@@ -469,6 +566,16 @@ class CheckpointReader:
     @staticmethod
     def storage_chunk_key(array: np.ndarray | None, frag: Fragment, index: int) -> str:
         return chunk_key((1,), 0) if frag.pack_offset is not None else chunk_key(region_shape(frag.region), index)
+
+
+def _digest_of(pieces: list[np.ndarray]) -> str:
+    """The checksum of the pieces' bytes back to back (one chunk read into several arrays)."""
+    if len(pieces) == 1:
+        return _checksum.digest(pieces[0])
+    hasher = _checksum.hasher()
+    for piece in pieces:
+        hasher.update(piece)
+    return hasher.hexdigest()
 
 
 def _then_first(future: Any) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ucp.ucl.compile_cache import compiled
 from ucp.ucl.compiler import BoundFragmentMap, compile_load, compile_save
 from ucp.ucl.env import param_value
 from ucp.ucl.errors import UclError
@@ -288,13 +289,13 @@ def spec_for_save(
     parameters exist solely inside flat partitions (ZeRO-3).
     """
     bound = load_program(program, **(params or {}))
-    return compile_save(bound.program, _layout(layout), rank, local, params=bound.params, shapes=shapes)
+    return compiled(compile_save, bound.program, _layout(layout), rank, local, params=bound.params, shapes=shapes)
 
 
 def spec_for_load(program, layout, rank: int, logical: dict, *, params: dict | None = None) -> BoundFragmentMap:
     """The fragment map of ``rank`` loading from logical tensors ``logical`` (name -> LogicalTensor)."""
     bound = load_program(program, **(params or {}))
-    return compile_load(bound.program, _layout(layout), rank, logical, params=bound.params)
+    return compiled(compile_load, bound.program, _layout(layout), rank, logical, params=bound.params)
 
 
 def local_shapes(fmap: FragmentMap) -> dict[str, LocalTensor]:
