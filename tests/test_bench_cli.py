@@ -4,8 +4,8 @@ import json
 
 from ucp.tools.cli import main
 
-METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "memcpy", "ucp-async-blocking",
-           "ucp-async-total"}
+METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "ucp-buffered", "memcpy",
+           "ucp-async-blocking", "ucp-async-total"}
 
 
 def test_bench_smoke_json(tmp_path, capsys):
@@ -17,7 +17,7 @@ def test_bench_smoke_json(tmp_path, capsys):
     assert {t["method"] for t in report["timings"]} == METHODS
     for timing in report["timings"]:
         assert timing["save_s"] > 0, timing
-        if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc"}:
+        if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "ucp-buffered"}:
             assert timing["load_s"] > 0, timing
 
 

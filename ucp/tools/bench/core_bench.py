@@ -142,11 +142,12 @@ def _dcp_load(path: Path, template: dict[str, torch.Tensor]) -> None:
     dcp.load(template, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
 
 
-def _ucp_save(checksums: bool) -> Callable[[dict[str, torch.Tensor], Path], None]:
+def _ucp_save(checksums: bool, **options: object) -> Callable[[dict[str, torch.Tensor], Path], None]:
     def save(state: dict[str, torch.Tensor], path: Path) -> None:
         import ucp
+        from ucp.stores import StoreOptions
 
-        ucp.save(state, path, checksums=checksums)
+        ucp.save(state, path, checksums=checksums, store_options=StoreOptions(**options) if options else None)
 
     return save
 
@@ -164,6 +165,8 @@ METHODS: dict[str, Method] = {
     "dcp": Method("dcp", _dcp_save, _dcp_load),
     "ucp": Method("ucp", _ucp_save(True), _ucp_load),
     "ucp-nocrc": Method("ucp-nocrc", _ucp_save(False), _ucp_load),
+    # ucp with its packs written through the page cache (unbuffered_packs=False): what O_DIRECT saves.
+    "ucp-buffered": Method("ucp-buffered", _ucp_save(True, unbuffered_packs=False), _ucp_load),
 }
 
 
