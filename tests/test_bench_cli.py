@@ -19,6 +19,7 @@ def test_bench_smoke_json(tmp_path, capsys):
         assert timing["save_s"] > 0, timing
         if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "ucp-buffered"}:
             assert timing["load_s"] > 0, timing
+            assert timing["save_cpu_s"] >= 0 and timing["load_cpu_s"] >= 0, timing  # CPU seconds beside wall
 
 
 def test_bench_rejects_bad_size(capsys):
