@@ -96,6 +96,7 @@ class LocalPackWriter:
         # With ``bounce``, whole blocks bypass the page cache through a second, O_DIRECT descriptor.
         self._direct_fd = open_direct(self._path) if bounce is not None else None
         self._bounce = bounce if self._direct_fd is not None else None
+        self._extent = 0  # the file's size so far (grown ahead of unbuffered writes)
         self._writes: list[Future] = []
 
     def write(
@@ -103,6 +104,12 @@ class LocalPackWriter:
     ) -> list[Future]:
         """Put ``array``'s chunks at ``offset``: one future per chunk, of its hex digest (None without ``hasher``)."""
         flat, spans = _chunk_views(array, chunk_rows)
+        if self._bounce is not None and offset + flat.nbytes > self._extent:
+            # Grown before its writes: an O_DIRECT write past the end of a file is serialized and
+            # journaled by ext4 (the file's size changes with it); one inside it is not.
+            assert self._fd is not None, "the pack is open"
+            self._extent = offset + flat.nbytes
+            os.ftruncate(self._fd, self._extent)
         found = [self._pool.submit(self._put, offset + a, flat[a:b], hasher) for a, b in spans]
         self._writes.extend(found)
         return found
