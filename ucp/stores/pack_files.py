@@ -10,9 +10,9 @@ and ``close`` sizes the file, makes it durable once, and writes the pack's ``zar
     pack.close(array.nbytes).result()
 
 :class:`LocalPackWriter` writes with ``pwrite`` from the store's I/O threads straight from the
-tensor's memory (one open file, one ``fsync``; on a disk, ``O_DIRECT`` through a bounce buffer); :class:`StreamingPackWriter` streams the
-fragments, in offset order, into one file of an fsspec store (object stores: one object,
-uploaded in parts as it fills).
+tensor's memory (one open file, one ``fsync``; on a disk, ``O_DIRECT`` through a bounce buffer);
+:class:`StreamingPackWriter` streams the fragments, in offset order, into one file of an fsspec
+store (object stores: one object, uploaded in parts as it fills).
 """
 
 from __future__ import annotations
