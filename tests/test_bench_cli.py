@@ -4,8 +4,8 @@ import json
 
 from ucp.tools.cli import main
 
-METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "memcpy", "ucp-async-blocking",
-           "ucp-async-total"}
+METHODS = {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "ucp-buffered", "memcpy",
+           "ucp-async-blocking", "ucp-async-total"}
 
 
 def test_bench_smoke_json(tmp_path, capsys):
@@ -17,8 +17,9 @@ def test_bench_smoke_json(tmp_path, capsys):
     assert {t["method"] for t in report["timings"]} == METHODS
     for timing in report["timings"]:
         assert timing["save_s"] > 0, timing
-        if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc"}:
+        if timing["method"] in {"raw", "torch.save", "safetensors", "dcp", "ucp", "ucp-nocrc", "ucp-buffered"}:
             assert timing["load_s"] > 0, timing
+            assert timing["save_cpu_s"] >= 0 and timing["load_cpu_s"] >= 0, timing  # CPU seconds beside wall
 
 
 def test_bench_rejects_bad_size(capsys):
@@ -57,3 +58,14 @@ def test_the_fresh_process_probes_find_ucp_compiled_as_an_installation_has_it():
     package = Path(ucp.__file__).resolve().parent
     for module in ("api.py", "writer.py", "stores/local.py"):
         assert Path(importlib.util.cache_from_source(str(package / module))).is_file(), module
+
+
+def test_io_floor_times_every_case_against_a_memory_copy_and_leaves_nothing(tmp_path, capsys):
+    from ucp.tools.bench.io_floor import main as floor
+
+    assert floor([str(tmp_path), "--gib", "0.002", "--repeats", "2", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    cases = {row["case"]: row for row in found["summary"]}
+    assert {"copyto", "pwrite new", "pwrite existing", "pread", "write hashed"} <= set(cases)
+    assert all(len(reps) == 2 for reps in found["repeats"].values()) and cases["copyto"]["wall_x_copyto"] == 1.0
+    assert list(tmp_path.iterdir()) == []

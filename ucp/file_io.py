@@ -2,7 +2,8 @@
 
 Whole writes and reads of a buffer (a single ``write``/``read`` may move less
 than asked, and at most ~2 GiB), fsync of a path, the one way ucp replaces a
-file atomically (:func:`write_atomic`), digests of arrays, and a future that is
+file atomically (:func:`write_atomic`), writes that bypass the page cache
+(:func:`write_hashed`, :class:`BounceBuffers`), digests of arrays, and a future that is
 already done::
 
     >>> import io
@@ -14,8 +15,11 @@ already done::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import mmap
 import os
+import threading
 import uuid
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -154,3 +158,138 @@ def _fill(fd: int, view: memoryview, durable: bool) -> None:
     write_all(fd, view)
     if durable:
         os.fsync(fd)
+
+
+# -- writes that bypass the page cache -------------------------------------------------------
+# O_DIRECT moves bytes from user memory to the device without the kernel's copy into the page
+# cache (measured: half the CPU of a buffered write of 1 GiB on ext4 over virtio, docs/BENCHMARKS.md).
+# Offsets, lengths and buffer addresses must be multiples of the device's block; this covers
+# 512-byte and 4 KiB blocks, and being at least a page keeps O_DIRECT ranges and the buffered
+# edges of a write on different pages of the cache (their bytes never share a page).
+DIRECT_ALIGN = max(4096, mmap.PAGESIZE)
+
+# statfs(2) f_type of file systems whose files are memory: there is no device to write to directly.
+_MEMORY_FS = {0x01021994, 0x858458F6, 0x958458F6}  # tmpfs, ramfs, hugetlbfs
+
+
+def on_memory_fs(path: str) -> bool:
+    """Whether ``path`` (an existing directory or file) lives on tmpfs/ramfs; False where unknown."""
+    if not os.uname().sysname == "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return ctypes.c_long.from_buffer(buf).value in _MEMORY_FS  # f_type is the first field (a long)
+
+
+def open_direct(path: str) -> int | None:
+    """A second, ``O_DIRECT`` write descriptor of the existing file ``path``; None where there is none.
+
+    None on systems without ``O_DIRECT`` and where the file system refuses it (``EINVAL``).
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if err.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+            return None
+        raise
+
+
+class BounceBuffers:
+    """A few page-aligned buffers of ``nbytes`` (a multiple of :data:`DIRECT_ALIGN`), one per
+    thread writing at a time; made on first use and reused, since fresh pages cost a fault each."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def take(self) -> Any:
+        """One buffer (a writable memoryview) for the duration of the block."""
+        with self._lock:
+            buf = self._free.pop() if self._free else mmap.mmap(-1, self.nbytes)  # anonymous maps are page-aligned
+        try:
+            yield memoryview(buf)
+        finally:
+            with self._lock:
+                self._free.append(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            free, self._free = self._free, []
+        for buf in free:
+            with contextlib.suppress(BufferError):  # a view of it still alive: the map goes with it
+                buf.close()
+
+
+def write_hashed(
+    fd: int,
+    offset: int,
+    view: memoryview,
+    *,
+    digest: Any = None,
+    piece_bytes: int = 1 << 20,
+    direct_fd: int | None = None,
+    bounce: BounceBuffers | None = None,
+) -> bool:
+    """Write ``view`` at ``offset`` of ``fd``, each piece fed to ``digest.update`` right before it is written.
+
+    With ``direct_fd`` (:func:`open_direct` of the same file) and ``bounce``, the whole aligned
+    blocks go through ``direct_fd``: each piece is copied into a page-aligned bounce buffer,
+    hashed there (from cache) and written from it, bypassing the page cache; the unaligned edges
+    go through ``fd``. A file system that refuses an ``O_DIRECT`` write (``EINVAL``) gets the
+    same bytes through ``fd`` instead. Returns False once ``O_DIRECT`` was refused (the caller
+    stops trying it), else True. The file is not made durable here: fsync it once afterwards.
+    """
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    end = offset + view.nbytes
+    first = min(end, -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN)
+    last = max(first, end // DIRECT_ALIGN * DIRECT_ALIGN)
+    if direct_fd is None or bounce is None or last == first:
+        _pwrite_hashed(fd, offset, view, digest, piece_bytes)
+        return True
+    _pwrite_hashed(fd, offset, view[: first - offset], digest, piece_bytes)
+    accepted = True
+    with bounce.take() as buf:
+        at = first
+        while at < last:
+            n = min(bounce.nbytes, last - at)
+            piece = buf[:n]
+            piece[:] = view[at - offset : at - offset + n]
+            if digest is not None:
+                digest.update(piece)  # from the bounce buffer, in cache right after the copy
+            try:
+                written = os.pwrite(direct_fd, piece, at)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                accepted, written = False, 0
+            if written < n:  # refused, or a short direct write: the rest of the piece, buffered
+                _pwrite_all(fd, piece[written:], at + written)
+            at += n
+            if not accepted:
+                break
+    _pwrite_hashed(fd, at, view[at - offset :], digest, piece_bytes)
+    return accepted
+
+
+def _pwrite_hashed(fd: int, offset: int, view: memoryview, digest: Any, piece_bytes: int) -> None:
+    for start in range(0, view.nbytes, piece_bytes):
+        piece = view[start : start + piece_bytes]
+        if digest is not None:
+            digest.update(piece)  # right before the write: the write then reads it from cache
+        _pwrite_all(fd, piece, offset + start)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view.nbytes:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

@@ -35,7 +35,7 @@ import numpy as np
 from ucp import confined
 from ucp.atomic_rename import rename_noreplace
 from ucp.errors import CheckpointExistsError, TensorTooLargeError
-from ucp.file_io import fsync_path, little_endian, write_all
+from ucp.file_io import BounceBuffers, fsync_path, little_endian, on_memory_fs, write_all
 from ucp.manifest_json import MANIFEST_NAME
 from ucp.stores import errors
 from ucp.stores.base import BaseStore
@@ -68,6 +68,7 @@ class LocalStore(BaseStore):
         super().__init__(os.fspath(path), None, root, options=options)
         self._synced: set[str] = set()  # chunk files already fsynced by their writer thread
         self._real_root: str | None = None  # the resolved root, once a read needs it (see ucp.confined)
+        self._bounce: BounceBuffers | bool | None = None  # False: on a memory file system, never
 
     @property
     def fs(self) -> Any:
@@ -224,7 +225,21 @@ class LocalStore(BaseStore):
             piece_bytes=self.options.write_piece_bytes,
             fresh=self.reused,
             on_synced=self._synced.add,
+            bounce=self._bounce_buffers(),
         )
+
+    def _bounce_buffers(self) -> BounceBuffers | None:
+        """The bounce buffers of unbuffered pack writes; None on a memory file system or when turned off."""
+        if self._bounce is None and self.options.unbuffered_packs:
+            os.makedirs(self.root, exist_ok=True)
+            self._bounce = False if on_memory_fs(self.root) else BounceBuffers(self.options.write_piece_bytes)
+        return self._bounce if isinstance(self._bounce, BounceBuffers) else None
+
+    def close(self) -> None:
+        super().close()
+        if isinstance(self._bounce, BounceBuffers):
+            self._bounce.close()
+        self._bounce = None
 
     def _read_packed_into(
         self, rel: str, start: int, outs: list[np.ndarray], what: str, digest: Callable[[np.ndarray], str] | None

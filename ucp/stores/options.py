@@ -67,6 +67,11 @@ class StoreOptions:
     # sends its multi-chunk arrays through tensorstore, as on object stores.
     direct_writes: bool = True
     direct_reads: bool = True
+    # Packs on a disk bypass the page cache (O_DIRECT through a page-aligned bounce buffer, hashed
+    # there): half the CPU of a buffered write, which a loaded host pays in wall time. Never on a
+    # memory file system (tmpfs has no device; the bounce copy would be all cost), and off where
+    # the file system refuses O_DIRECT. A load right after such a save reads from the device.
+    unbuffered_packs: bool = True
     # A save with a process group of at least this many ranks writes sharded metadata
     # (docs/FORMAT.md, section 9: a small root manifest and one shard per ~sqrt(W) ranks),
     # so no rank gathers every fragment and a loading rank reads only the shards it needs.

@@ -10,9 +10,9 @@ and ``close`` sizes the file, makes it durable once, and writes the pack's ``zar
     pack.close(array.nbytes).result()
 
 :class:`LocalPackWriter` writes with ``pwrite`` from the store's I/O threads straight from the
-tensor's memory (one open file, one ``fsync``); :class:`StreamingPackWriter` streams the
-fragments, in offset order, into one file of an fsspec store (object stores: one object,
-uploaded in parts as it fills).
+tensor's memory (one open file, one ``fsync``; on a disk, ``O_DIRECT`` through a bounce buffer);
+:class:`StreamingPackWriter` streams the fragments, in offset order, into one file of an fsspec
+store (object stores: one object, uploaded in parts as it fills).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ucp.file_io import done_future, little_endian
+from ucp.file_io import BounceBuffers, done_future, little_endian, open_direct, write_hashed
 from ucp.zarr_array import array_metadata, chunk_count, chunk_key
 
 __all__ = ["LocalPackWriter", "PackWriter", "StreamingPackWriter", "chunk_spans", "pack_metadata"]
@@ -71,7 +71,9 @@ class LocalPackWriter:
     """A pack in a local directory, written by ``pool``'s threads with ``pwrite`` (see the module docstring).
 
     ``on_synced(path)`` is told about each file already made durable, so the store's
-    ``sync`` does not fsync it again.
+    ``sync`` does not fsync it again. With ``bounce`` (:class:`~ucp.file_io.BounceBuffers`; a
+    store on a disk passes them) the aligned middle of every chunk is written with ``O_DIRECT``
+    from a bounce buffer (:func:`~ucp.file_io.write_hashed`): no copy into the page cache.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class LocalPackWriter:
         piece_bytes: int,
         fresh: bool,
         on_synced: Callable[[str], None],
+        bounce: BounceBuffers | None = None,
     ) -> None:
         if fresh and os.path.isdir(directory):
             shutil.rmtree(directory)  # a killed earlier attempt's files must not linger
@@ -90,6 +93,10 @@ class LocalPackWriter:
         self._on_synced = on_synced
         self._path = os.path.join(directory, chunk_key((1,), 0))
         self._fd: int | None = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # With ``bounce``, whole blocks bypass the page cache through a second, O_DIRECT descriptor.
+        self._direct_fd = open_direct(self._path) if bounce is not None else None
+        self._bounce = bounce if self._direct_fd is not None else None
+        self._extent = 0  # the file's size so far (grown ahead of unbuffered writes)
         self._writes: list[Future] = []
 
     def write(
@@ -97,6 +104,12 @@ class LocalPackWriter:
     ) -> list[Future]:
         """Put ``array``'s chunks at ``offset``: one future per chunk, of its hex digest (None without ``hasher``)."""
         flat, spans = _chunk_views(array, chunk_rows)
+        if self._bounce is not None and offset + flat.nbytes > self._extent:
+            # Grown before its writes: an O_DIRECT write past the end of a file is serialized and
+            # journaled by ext4 (the file's size changes with it); one inside it is not.
+            assert self._fd is not None, "the pack is open"
+            self._extent = offset + flat.nbytes
+            os.ftruncate(self._fd, self._extent)
         found = [self._pool.submit(self._put, offset + a, flat[a:b], hasher) for a, b in spans]
         self._writes.extend(found)
         return found
@@ -104,15 +117,11 @@ class LocalPackWriter:
     def _put(self, offset: int, data: np.ndarray, hasher: Callable[[], Any] | None) -> str | None:
         assert self._fd is not None, "the pack is open"
         digest = hasher() if hasher is not None else None
-        view = data.data
-        for start in range(0, view.nbytes, self._piece):
-            piece = view[start : start + self._piece]
-            if digest is not None:
-                digest.update(piece)  # right before the write: the write then reads it from cache
-            at = offset + start
-            while piece.nbytes:
-                written = os.pwrite(self._fd, piece, at)
-                piece, at = piece[written:], at + written
+        direct = self._direct_fd if self._bounce is not None else None
+        if not write_hashed(
+            self._fd, offset, data.data, digest=digest, piece_bytes=self._piece, direct_fd=direct, bounce=self._bounce
+        ):
+            self._bounce = None  # the file system refused O_DIRECT: the rest of the pack goes buffered
         return digest.hexdigest() if digest is not None else None
 
     def close(self, nbytes: int) -> Future:
@@ -146,6 +155,9 @@ class LocalPackWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
 
 
 class StreamingPackWriter:

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--methods",
         default=None,
-        help="comma-separated methods to run (default: all; raw, torch.save, safetensors, dcp, ucp, ucp-nocrc); "
+        help="comma-separated methods to run (default: all; raw, torch.save, safetensors, dcp, ucp, ucp-nocrc, ucp-buffered); "
         "memcpy always runs",
     )
     parser.add_argument("--no-async", action="store_true", help="skip the async-save rows")

@@ -142,11 +142,12 @@ def _dcp_load(path: Path, template: dict[str, torch.Tensor]) -> None:
     dcp.load(template, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
 
 
-def _ucp_save(checksums: bool) -> Callable[[dict[str, torch.Tensor], Path], None]:
+def _ucp_save(checksums: bool, **options: object) -> Callable[[dict[str, torch.Tensor], Path], None]:
     def save(state: dict[str, torch.Tensor], path: Path) -> None:
         import ucp
+        from ucp.stores import StoreOptions
 
-        ucp.save(state, path, checksums=checksums)
+        ucp.save(state, path, checksums=checksums, store_options=StoreOptions(**options) if options else None)
 
     return save
 
@@ -164,16 +165,23 @@ METHODS: dict[str, Method] = {
     "dcp": Method("dcp", _dcp_save, _dcp_load),
     "ucp": Method("ucp", _ucp_save(True), _ucp_load),
     "ucp-nocrc": Method("ucp-nocrc", _ucp_save(False), _ucp_load),
+    # ucp with its packs written through the page cache (unbuffered_packs=False): what O_DIRECT saves.
+    "ucp-buffered": Method("ucp-buffered", _ucp_save(True, unbuffered_packs=False), _ucp_load),
 }
 
 
 # --------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Timing:
+    """One repeat of one method; ``*_cpu_s``: CPU seconds of this process (all threads, user + system),
+    which a loaded host inflates far less than wall time."""
+
     method: str
     directory: str
     save_s: float
     load_s: float | None
+    save_cpu_s: float | None = None
+    load_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +272,13 @@ class BenchReport:
                 }
                 for d in self.directories()
             }
+        out["cpu_median"] = {
+            d: {
+                m: {"save_cpu_s": self.value("save_cpu", m, d, "median"), "load_cpu_s": self.value("load_cpu", m, d, "median")}
+                for m in self.methods()
+            }
+            for d in self.directories()
+        }
         out["ratios"] = {
             d: {
                 t.label: {
@@ -279,10 +294,17 @@ class BenchReport:
 
 # --------------------------------------------------------------------------- running
 def _time(fn: Callable[..., object], *args: object) -> tuple[float, object]:
+    wall, _, out = _timed(fn, *args)
+    return wall, out
+
+
+def _timed(fn: Callable[..., object], *args: object) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds of the whole process, result)."""
     gc.collect()
+    cpu = time.process_time()
     start = time.perf_counter()
     out = fn(*args)
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start, time.process_time() - cpu, out
 
 
 def _torch_copy(state: dict[str, torch.Tensor], template: dict[str, torch.Tensor]) -> None:
@@ -369,16 +391,17 @@ def run_benchmark(
                     method = METHODS[name]
                     target = work / f"{name}-{rep}"
                     say(f"{directory} · {name} · save {rep + 1}/{repeats}")
-                    save_s, _ = _time(method.save, state, target)
+                    save_s, save_cpu, _ = _timed(method.save, state, target)
                     dropped.add(drop_from_page_cache(target, everything=drop_caches))
                     say(f"{directory} · {name} · load {rep + 1}/{repeats}")
-                    load_s, loaded = _time(method.load, target, template)
+                    load_s, load_cpu, loaded = _timed(method.load, target, template)
                     del loaded
-                    report.timings.append(Timing(name, str(directory), save_s, load_s))
+                    report.timings.append(Timing(name, str(directory), save_s, load_s, save_cpu, load_cpu))
                     _remove(target)
                 # The floor of any snapshot: copying the state into memory that already exists.
-                copy_s = min(_time(_torch_copy, state, template)[0], _time(_numpy_copy, state, template)[0])
-                report.timings.append(Timing("memcpy", str(directory), copy_s, copy_s))
+                copies = (_timed(_torch_copy, state, template), _timed(_numpy_copy, state, template))
+                copy_s, copy_cpu, _ = min(copies, key=lambda found: found[0])
+                report.timings.append(Timing("memcpy", str(directory), copy_s, copy_s, copy_cpu, copy_cpu))
                 if saver is not None:
                     target = work / f"ucp-async-{rep}"
                     say(f"{directory} · ucp async · save {rep + 1}/{repeats}")
