@@ -439,7 +439,9 @@ class LineReader:
             if m is None:  # a JSON record: its message is rebuilt, not a slice
                 return None
             env = self._learned[-1 - idx]
-            ts = (env.convert, *m.span("ts")) if m.group("ts") else False
+            # the layout's own converter (Envelope.convert only adds a call when there is one)
+            convert = env.convert if env.layout is None else env.layout.convert
+            ts = (convert, *m.span("ts")) if m.group("ts") else False
             node = m.span("host") if m.group("host") else None
             return LineShape(source="learned", ts=ts, node=node, msg_start=m.start("msg") if m.group("msg") else
                              len(text), keeps_node=True, prefers_last_node=False)
@@ -521,11 +523,25 @@ class LineReader:
 
     def job_of(self, message: str) -> str | None:
         """The job id a message names (``JobId=``, ``StepId=``...), else the one in the file's name."""
-        if "ob" in message or "tepId" in message or "JOB_ID" in message:
-            m = _MSG_JOB.search(message)
-            if m is not None:
-                return m.group(1)
+        span = job_span(message)
+        return self._file_job if span is None else message[span[0]:span[1]]
+
+    @property
+    def file_job(self) -> str | None:
+        """The job id the current file's name holds (``slurm-1234.out``), if any."""
         return self._file_job
+
+
+def job_span(message: str) -> tuple[int, int] | None:
+    """Where the job id a message names sits (``JobId=``, ``StepId=``...), or None.
+
+    The pattern reads digits by class, so messages equal up to their digits have it at one place.
+    """
+    if "ob" in message or "tepId" in message or "JOB_ID" in message:
+        m = _MSG_JOB.search(message)
+        if m is not None:
+            return m.span(1)
+    return None
 
 
 def parse_lines(lines: Iterable[tuple[str, int, str]], *, default_year: int | None = None,
