@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
 
 try:  # the parser behind re.compile: a private module, so any surprise just means "no literal"
     from re import _parser as _sre_parse  # Python >= 3.11
@@ -135,18 +134,6 @@ class RuleSet:
         return cls(rules=rules, literals=tuple((k, tuple(v)) for k, v in needs.items()),
                    unfiltered=tuple(unfiltered))
 
-    @cached_property
-    def _by_first_pair(self) -> tuple[dict, tuple]:
-        """The literals by their first two characters, and those shorter than two."""
-        by_pair: dict[str, list] = {}
-        short = []
-        for literal, indices in self.literals:
-            if len(literal) >= 2:
-                by_pair.setdefault(literal[:2], []).append((literal, indices))
-            else:
-                short.append((literal, indices))
-        return by_pair, tuple(short)
-
     def first(self, text: str) -> str | None:
         """The label of the first rule whose pattern matches ``text`` (``search``), or None."""
         rules = self.rules
@@ -157,14 +144,7 @@ class RuleSet:
             return None
         low = text.lower()
         candidates = set(self.unfiltered)
-        by_pair, short = self._by_first_pair
-        # A literal occurs only where its first two letters do: the text's letter pairs, gathered once, leave
-        # the few literals worth a substring search (~40% of this loop on short messages, same answer).
-        for pair in {low[i:i + 2] for i in range(len(low) - 1)}.intersection(by_pair):
-            for literal, indices in by_pair[pair]:
-                if literal in low:
-                    candidates.update(indices)
-        for literal, indices in short:
+        for literal, indices in self.literals:
             if literal in low:
                 candidates.update(indices)
         for i in sorted(candidates):
