@@ -86,6 +86,28 @@ def test_every_line_reads_as_the_full_parser_reads_it(tmp_path):
     assert got.counters.bad_timestamp > 0 and len(drafts) > 500  # the case is exercised
 
 
+def test_jobs_read_by_a_shapes_span_are_the_full_parsers(tmp_path):
+    # A shape learns where its message names a job (or that it names none: the file's job then) once; ids of
+    # every width, lines naming none in a file whose name holds one, and Step ids must read as the parser does.
+    rng = random.Random(11)
+    templates = ["[2024-06-0#T##:##:##.###] _job_complete: JobId={} WEXITSTATUS #",
+                 "[2024-06-0#T##:##:##.###] error: step {}.0 failed: Nodes gpu-### not responding",
+                 "Jun ## ##:##:## gpu-a### slurmstepd[####]: error: StepId={}.batch exceeded memory limit, killed",
+                 "Jun ## ##:##:## gpu-a### kernel: Out of memory: Killed process {} (python) job {} died"]
+    lines = []
+    for _ in range(1500):
+        ids = [str(rng.randint(1, 10 ** rng.randint(1, 7))) for _ in range(2)]
+        lines.append(_fill(rng.choice(templates).format(*ids), rng))
+    path = tmp_path / "slurm-4242.out"
+    path.write_text("\n".join(lines) + "\n")
+    taxonomy = load_taxonomy()
+    got = scan_partition(Partition(0, str(path)), taxonomy=taxonomy, default_year=2024)
+    drafts, _, _ = _reference(str(path), taxonomy)
+    assert got.drafts == drafts
+    jobs = {d[4] for d in drafts}
+    assert "4242" in jobs and len(jobs) > 100  # both the file's job and the messages' own are exercised
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(TEMPLATES[:-1]), st.integers(0, 2**32), st.integers(0, 2**32))
 def test_a_shape_learned_on_one_line_reads_its_siblings(template, seed_a, seed_b):

@@ -60,3 +60,12 @@ def test_rule_set_answers_as_the_plain_loop_on_any_text(pieces):
     # Includes non-ASCII letters that case-fold onto ASCII (long s, Kelvin sign): the plain loop decides those.
     text = "".join(pieces)
     assert RULES.first(text) == _plain_first(TAXONOMY.rules, text)
+
+
+def test_one_letter_literals_and_pairs_at_the_ends_still_select_their_rules():
+    # Literals are looked up by their first two letters; a one-letter literal has none, and a literal may sit
+    # at the very start or end of the text.
+    rules = RuleSet.of([(re.compile(r"q\d"), "one"), (re.compile(r"(?i)oom\b"), "end"), (re.compile(r"^ab"), "start")])
+    assert required_literals(rules.rules[0][0]) == frozenset({"q"})
+    for text in ("q7 x", "x q7", "OOM", "killed: oom", "ab", "ab oom", "nothing", "", "o", "q"):
+        assert rules.first(text) == _plain_first(rules.rules, text), text

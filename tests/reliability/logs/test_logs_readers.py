@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import gzip
 import io
 import sys
@@ -137,3 +138,25 @@ def test_gz_directory_glob_and_stdin(tmp_path, monkeypatch):
 def test_missing_path_names_it():
     with pytest.raises(LogInputError, match=r"^no log files match '/nonexistent/\*\.log': not a file, directory or glob$"):
         list(iter_lines(["/nonexistent/*.log"], counters=InputCounters()))
+
+
+def test_cached_stamps_are_the_full_parsers_bit_for_bit():
+    # The fast path's per-hour cache (minute and second by slicing, the fraction added last) must give the
+    # full parser's floats exactly, in any order of hours, and refuse what the full parser refuses.
+    import random
+
+    rng = random.Random(3)
+    reader = LineReader(default_year=2024)
+    stamps = reader._stamp
+    for _ in range(3000):
+        y, mo, d = rng.choice((2016, 2024, 2025)), rng.randint(1, 12), rng.randint(1, 31)
+        h, mi, s = rng.choice((rng.randint(0, 23), 24)), rng.choice((rng.randint(0, 59), 60)), rng.randint(0, 61)
+        frac = rng.choice(("", ".5", ",123", ".123456", ".0001"))
+        iso = f"{y:04d}-{mo:02d}-{d:02d}{rng.choice('T ')}{h:02d}:{mi:02d}:{s:02d}{frac}"
+        want = reader._iso(iso)
+        got = stamps.iso(iso)
+        assert got == want and (got is None or got.hex() == want.hex()), iso
+        mon = calendar.month_abbr[mo]
+        syslog = f"{mon} {d:2d} {h:02d}:{mi:02d}:{s:02d}"
+        want = reader._month_day(mon, str(d), f"{h:02d}:{mi:02d}:{s:02d}", 2024)
+        assert stamps.syslog(syslog) == want, syslog

@@ -41,7 +41,7 @@ from ucp.reliability.logs.masking import mask
 from ucp.reliability.logs.metrics import failure_rates, fit_interarrivals, job_mttf_projection
 from ucp.reliability.logs.miner import TemplateMiner
 from ucp.reliability.logs.parallel import run_in_process
-from ucp.reliability.logs.records import Event, InputCounters
+from ucp.reliability.logs.records import Event, InputCounters, events_from
 from ucp.reliability.logs.routine import routine_templates
 from ucp.reliability.logs.scan import (DEFAULT_SPLIT_BYTES, PartialScan, gc_paused,
                                    plan_partitions, scan_partition)
@@ -332,7 +332,7 @@ def summarize(merged: MergedScan, *, taxonomy: Taxonomy, templates: TemplateSet,
     drafts = [_Draft(file, line, ts, node, job, s[0], s[1], s[2], message, s[3], s[4])
               for file, line, ts, node, job, key, message in merged.drafts if (s := stamps.get(key)) is not None]
     incidents, member = build_incidents(drafts, taxonomy=taxonomy, window_s=options.window_s)
-    events = tuple(Event(*e, member[i]) for i, e in enumerate(drafts))
+    events = events_from(drafts, member)
     first, last = merged.first, merged.last
     span_s = (last - first) if first is not None and last is not None else 0.0
     fatal = sorted((i for i in incidents if i.fatal and i.start is not None), key=lambda i: i.start)

@@ -128,7 +128,8 @@ def _column_kinds(rows: list[list[str]]) -> list[str]:
         values = [row[c] for row in rows if len(row) > c]
         if len(values) < MIN_SHARE * len(rows):
             break
-        counts = Counter(token_class(v) for v in values)
+        classes = {v: token_class(v) for v in set(values)}  # a column repeats its values (hosts, months)
+        counts = Counter(classes[v] for v in values)
         if counts["E"] and counts["E"] + counts["N"] == len(values):
             counts["E"] += counts.pop("N", 0)
         kind, n = counts.most_common(1)[0]

@@ -76,7 +76,8 @@ _UNITS = frozenset("B KB MB GB TB PB kB KiB MiB GiB TiB k K M G ms us ns s sec s
 def _template_token(token: str) -> str:
     if token in _DATE_WORDS:
         return PARAM
-    has_digit = any(ch.isdigit() for ch in token)
+    # most tokens are words: letters are never digits, so only other tokens are searched
+    has_digit = not token.isalpha() and any(ch.isdigit() for ch in token)
     # Paths and URLs are values: "/mnt/data/current/subdir7/blk_1", "HTTP/1.1" (but not "I/O")
     if "/" in token and (token[0] == "/" or token.count("/") > 1 or has_digit):
         return PARAM

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import os
+from operator import itemgetter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from ucp.reliability.logs.detect import LineEvidence, line_evidence
 from ucp.reliability.logs.header import split_header
 from ucp.reliability.logs.inputs import expand_paths, is_compressed, iter_line_blocks, shape_key
 from ucp.reliability.logs.masking import kept_spans, mask, may_keep_numbers, template_tokens
-from ucp.reliability.logs.readers import LineReader, LineShape, rebuilt_message
+from ucp.reliability.logs.readers import LineReader, LineShape, job_span, rebuilt_message
 from ucp.reliability.logs.records import InputCounters
 from ucp.reliability.logs.taxonomy import NORMAL, Taxonomy
 
@@ -124,17 +125,25 @@ def judge_key(masked: str, message: str, *, taxonomy: Taxonomy, first_line: int,
 
 _EMPTY = ("empty",)  # shape markers, compared by identity in the hot loop
 _SLOW = ("slow",)
-_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False, ())
-_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False, ())
+_EMPTY_ENTRY = (None, 0, 0, None, None, False, _EMPTY, None, False, None, None)
+_SLOW_ENTRY = (None, 0, 0, None, None, False, _SLOW, None, False, None, None)
+
+
+def _picker(spans: tuple[tuple[int, int], ...]):
+    """A function from a line to the text at ``spans``, as one C call (a string for one span, a tuple for more)."""
+    if not spans:
+        return lambda text: ()
+    return itemgetter(*(slice(a, b) for a, b in spans))
 
 
 class _Shapes:
     """Shape key -> how to read lines of that shape, learned from each shape's first line.
 
     An entry is ``(convert, ts_start, ts_end, node_start, node_end, keeps_node,
-    hit, message, prefers_last_node, kept_spans)``: the slices and stamp converter of
+    hit, message, prefers_last_node, kept, job)``: the slices and stamp converter of
     :class:`LineShape`, and the shape's key ``hit`` (None when the key depends on the numbers the
-    mask keeps - those live in :attr:`by_numbers`, by the text at ``kept_spans``). Every shape is checked on
+    mask keeps - those live in :attr:`by_numbers`, by ``kept(text)``, the text of the kept digits);
+    ``job`` is where the message names a job (a span of the line; None: it names none). Every shape is checked on
     its first line against the full parser; a shape that disagrees is read
     slowly ever after, so the fast path never changes an answer.
     """
@@ -160,13 +169,17 @@ class _Shapes:
             if not decisive or shape.msg_start is not None:  # kept digits are read from the message's text
                 convert, ts_start, ts_end = (None, 0, 0) if shape.ts is None or shape.ts is False else shape.ts
                 node_start, node_end = shape.node if shape.node is not None else (None, None)
-                spans = kept_spans(text, shape.msg_start) if decisive else ()
+                kept = _picker(kept_spans(text, shape.msg_start)) if decisive else None
                 # where the message is: a start to slice from, or (loghub HPC) the spans it is rebuilt from
                 where = shape.msg_start if shape.msg_start is not None else shape.msg_parts
+                job = None
+                if shape.msg_start is not None:  # the job's place, as for the stamp and the node (see job_span)
+                    span = job_span(message)
+                    job = None if span is None else (where + span[0], where + span[1])
                 entry = (convert, ts_start, ts_end, node_start, node_end, shape.keeps_node,
-                         None if decisive else hit, where, shape.prefers_last_node, spans)
+                         None if decisive else hit, where, shape.prefers_last_node, kept, job)
                 if decisive:
-                    self.by_numbers[(key, tuple(text[a:b] for a, b in spans))] = hit
+                    self.by_numbers[(key, kept(text))] = hit
         self._remember(key, entry)
         return ts, node, hit
 
@@ -254,6 +267,7 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
     lo, hi = float("inf"), float("-inf")
     lines = 0
     reader.start_file(file)
+    file_job = reader.file_job
     for first, texts, line_keys in iter_line_blocks(file, counters, start=partition.start, end=partition.end):
         if first == 1:  # the envelope of this file (or byte range), from its first lines
             reader.learn(texts)
@@ -270,7 +284,7 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
             else:
                 hit = shape[6]
                 if hit is None:  # the key depends on the numbers the mask keeps ("Xid 79")
-                    numbers = (key, tuple(text[a:b] for a, b in shape[9]))
+                    numbers = (key, shape[9](text))
                     hit = by_numbers.get(numbers)
                     if hit is None:
                         ts, node, _, hit, _, _ = read_slowly(file, lineno, text)
@@ -306,8 +320,14 @@ def _scan(partition: Partition, *, taxonomy: Taxonomy, default_year: int | None)
                             reader.last_node = node
                     if hit.candidate:
                         where = shape[7]
-                        message = text[where:] if where.__class__ is int else rebuilt_message(text, where)
-                        drafts.append((file, lineno, ts, node, reader.job_of(message), hit.key, message[:500]))
+                        if where.__class__ is int:
+                            message = text[where:]
+                            job = shape[10]
+                            job = file_job if job is None else text[job[0]:job[1]]
+                        else:
+                            message = rebuilt_message(text, where)
+                            job = reader.job_of(message)
+                        drafts.append((file, lineno, ts, node, job, hit.key, message[:500]))
             hit.count += 1
             if node is not None:
                 nodes.add(node)
