@@ -39,7 +39,7 @@ from typing import Any
 from ucp.integrations.stacks.common import STATES, TrainSettings
 from ucp.layout import Layout
 
-__all__ = ["HOT_STACKS", "layout_check", "recover"]
+__all__ = ["HOT_STACKS", "covers", "layout_check", "new_targets", "recover"]
 
 HOT_STACKS = ("megatron", "native", "deepspeed")
 
@@ -88,7 +88,24 @@ def recover(ctx, plan, held) -> tuple[Any, str | None]:
     checkpoint or snapshot held in memory (``held``: the process's
     :class:`~ucp.integrations.stacks.hot.HeldMemory`; its ``complete``, the paths this process saw
     replicated on every rank), and its path; ``(None, None)`` on a process left idle (it has left
-    the group)."""
+    the group). With ``UCP_HOT_PROFILE=DIR`` in the environment each process writes a cProfile of
+    its recovery to ``DIR/recover-g<generation>-uid<uid>.prof`` (a diagnostic; the bench passes it on)."""
+    import os
+
+    where = os.environ.get("UCP_HOT_PROFILE")
+    if not where:
+        return _recover(ctx, plan, held)
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_recover, ctx, plan, held)
+    finally:
+        os.makedirs(where, exist_ok=True)
+        profile.dump_stats(os.path.join(where, f"recover-g{ctx.membership.generation}-uid{ctx.uid}.prof"))
+
+
+def _recover(ctx, plan, held) -> tuple[Any, str | None]:
     if plan.stack == "native":
         return _build_first(ctx, plan, held, _fill_native)
     if plan.stack == "deepspeed":
@@ -111,7 +128,6 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
 
 
 def _recover_megatron(ctx, plan, held):
-    import torch
 
     from ucp import ucl
     from ucp.integrations.llama.config import LlamaConfig
@@ -130,8 +146,7 @@ def _recover_megatron(ctx, plan, held):
         masters.append(any(name.endswith("/fp32") for name in logical))
         states = ("fp32", *STATES) if masters[0] else STATES
         fmap = ucl.spec_for_load(held.program(megatron_program(cfg, states)), m.layout, m.rank, logical)
-        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
-        return fmap, into
+        return fmap, new_targets(fmap, ucl.local_shapes(fmap))
 
     began = time.perf_counter()
     tree, into, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
@@ -143,10 +158,54 @@ def _recover_megatron(ctx, plan, held):
             return None, None
         ctx.form("train", world=m.active)
     resharded = time.perf_counter()
-    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
+    # the trainer takes the filled tensors as its own parameters, masters and moments (no second
+    # allocation, no copy); load_tensors then only copies what it could not take as it is
+    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False, tensors=into)
     trainer.load_tensors(into, tree, has_masters=masters[0])
     _announce(ctx, trainer, report, {"reshard": resharded - began, "build": time.perf_counter() - resharded})
     return trainer, report.path
+
+
+def new_targets(fmap, shapes: dict) -> dict:
+    """The local tensors a reshard fills (``shapes``: key -> LocalTensor, padding included), left
+    unfilled where the map's pieces cover every element (every piece is filled, or the reshard
+    refuses), zeroed only where some elements map to nothing (padding)."""
+    import torch
+
+    out = {}
+    for key, local in shapes.items():
+        make = torch.empty if covers(fmap.tensors[key].pieces, tuple(local.shape)) else torch.zeros
+        out[key] = make(tuple(local.shape), dtype=getattr(torch, local.dtype))
+    return out
+
+
+def covers(pieces, shape: tuple[int, ...]) -> bool:
+    """Whether the local regions of ``pieces`` cover every element of a tensor of ``shape`` (boxes of
+    whole rows count as runs of the flattening; any other partial box makes it answer False)."""
+    import math
+
+    from ucp.geometry import Box
+
+    numel = math.prod(shape)
+    row = math.prod(shape[1:])
+    runs = []
+    for piece in pieces:
+        local = piece.local
+        if isinstance(local, Box):
+            if local.ndim == 0:
+                runs.append((0, 1))
+            elif tuple(local.offsets[1:]) == (0,) * (len(shape) - 1) and tuple(local.sizes[1:]) == tuple(shape[1:]):
+                runs.append((local.offsets[0] * row, (local.offsets[0] + local.sizes[0]) * row))
+            else:
+                return False
+        else:
+            runs.append((local.start, local.stop))
+    end = 0
+    for start, stop in sorted(runs):
+        if start > end:
+            return False
+        end = max(end, stop)
+    return end >= numel
 
 
 def native_target(trainer, logical: dict):

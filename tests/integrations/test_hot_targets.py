@@ -1,0 +1,74 @@
+"""Hot recovery fills the trainer's own storage: targets allocated without a zero fill where the
+map covers them, and a trainer built from filled tensors takes them as its parameters, masters
+and Adam moments (nothing allocated twice, nothing copied again) and trains on as one that loaded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ucp.geometry import Box, FlatRange
+from ucp.integrations.llama.config import LlamaConfig
+from ucp.integrations.megatron.trainer import MegatronTrainer
+from ucp.integrations.stacks.common import STATES, TrainSettings, plan_program_load
+from ucp.integrations.stacks.hot_stacks import covers, new_targets
+from ucp.spec import FragmentMap, LocalTensor, ShardPiece, TensorSpec
+
+
+def _pieces(*locals_):
+    return tuple(ShardPiece("x", local, local) for local in locals_)
+
+
+def test_covers_counts_whole_row_boxes_and_runs_and_refuses_any_gap():
+    assert covers(_pieces(Box((0, 0), (2, 3)), Box((2, 0), (2, 3))), (4, 3))
+    assert covers(_pieces(FlatRange(4, 12), FlatRange(0, 5)), (12,))  # overlapping runs still cover
+    assert not covers(_pieces(Box((0, 0), (2, 3))), (4, 3))           # rows 2-3 are padding
+    assert not covers(_pieces(FlatRange(0, 5), FlatRange(6, 12)), (12,))  # element 5 maps to nothing
+    assert not covers(_pieces(Box((0, 0), (4, 2))), (4, 3))           # a column block: not taken as full
+    assert not covers((), (3,))
+
+
+def test_new_targets_zero_only_the_tensors_with_padding():
+    fmap = FragmentMap(rank=0, logical={}, tensors={
+        "full": TensorSpec("full", _pieces(FlatRange(0, 6))), "padded": TensorSpec("padded", _pieces(FlatRange(0, 4)))})
+    shapes = {"full": LocalTensor("full", (6,), "float32"), "padded": LocalTensor("padded", (6,), "bfloat16")}
+    out = new_targets(fmap, shapes)
+    assert out["full"].shape == (6,) and out["padded"].dtype == torch.bfloat16
+    assert torch.equal(out["padded"][4:], torch.zeros(2, dtype=torch.bfloat16))
+
+
+def _state_tensors(trainer: MegatronTrainer) -> dict[str, torch.Tensor]:
+    out = {f"model/{k}": p.data for k, p in trainer.params.items()}
+    for kind, opt in trainer.optimizers.items():
+        for s in trainer._states():
+            if trainer.layout.zero:
+                out[f"optim/{s}/{kind}"] = opt.state(s)
+            else:
+                out.update({f"optim/{s}/model/{k}": opt.state_of(trainer.params[k], s) for k in opt.keys})
+    return out
+
+
+@pytest.mark.parametrize("layout,precision", [("zero=1", "fp32"), ("zero=1", "bf16"), ("dp=1", "bf16")])
+def test_a_trainer_built_from_loaded_tensors_takes_them_as_its_storage(world_of_one, tmp_path, layout, precision):
+    cfg, settings = LlamaConfig(), TrainSettings(precision=precision)
+    before = MegatronTrainer(cfg, layout, settings, rank=0)
+    before.train_step()  # moments that are not zero
+    before.save(str(tmp_path / "ckpt"))
+    has_masters, fmap, into = plan_program_load(str(tmp_path / "ckpt"), before.program, before.layout, 0,
+                                                masters="fp32" in before._states())
+    import ucp
+
+    tree = ucp.load(str(tmp_path / "ckpt"), into=into, spec=fmap)
+    after = MegatronTrainer(cfg, layout, settings, rank=0, init=False, tensors=into)
+    held = _state_tensors(after)
+    adopted = [k for k in into if k in held and held[k].data_ptr() == into[k].data_ptr()]
+    # every parameter, master and moment is the loaded tensor itself (fp32 parameters of a bf16 run
+    # have bf16 storage: those are the only ones a trainer must convert)
+    assert sorted(adopted) == sorted(k for k in into if k in held and into[k].dtype == held[k].dtype), (
+        sorted(set(into) - set(adopted)))
+    assert any(k.startswith("optim/") and k.split("/")[1] in STATES for k in adopted)
+    after.load_tensors(into, tree, has_masters=has_masters)
+    for key, tensor in _state_tensors(before).items():
+        assert torch.equal(tensor.view(torch.uint8), _state_tensors(after)[key].view(torch.uint8)), key
+    assert after.train_step() == before.train_step()
