@@ -19,15 +19,17 @@ A held array is read in place: a fragment of a pack is a view of the held bytes,
 against the manifest's checksums the first time a region of it is asked for (an array saved as
 chunk files goes through :class:`ucp.reader.CheckpointReader` over an in-memory store), so every
 chunk is checked either way, once. A message packs its regions with one copy each; a rank's own
-regions never enter the exchange.
+regions never enter the exchange (a thread copies them while the exchange waits on peers).
 
     tree, report = reshard_from_memory(tiers, make_target, group=dist.group.WORLD)
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -113,6 +115,7 @@ class _HeldFragments:
         self.fragments: dict[tuple[str, int], torch.Tensor] = {}  # checked, in storage shape
         self.pieces: dict[tuple[str, int], list] = {}  # a flat fragment's boxes
         self._chunked: tuple[MemoryStore, CheckpointReader] | None = None
+        self._opening = threading.Lock()  # chunk-file reads: the exchange and the own-copies thread
 
     def fragment(self, logical: str, index: int) -> torch.Tensor:
         """Fragment ``index`` of ``logical`` whole (an array this rank holds), checked once."""
@@ -122,7 +125,8 @@ class _HeldFragments:
             if frag.key in self.packs:
                 data = self._packed(logical, frag)
             else:
-                data = self._reader().read_fragment(logical, frag)
+                with self._opening:  # one reader for two threads (the exchange, the own copies)
+                    data = self._reader().read_fragment(logical, frag)
             self.fragments[(logical, index)] = data
         return data
 
@@ -382,20 +386,31 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)  # held bytes: read only
-            # a rank's own regions never enter the exchange: copied straight from its memory afterwards,
-            # so its peers never wait for them
-            problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver, group=group,
-                                round_bytes=round_bytes)
-            for t in transfers:
-                if t.source == t.dest == rank:
-                    try:
-                        for i, _, region in regions(t):
-                            f = mine[(rank, i)]
-                            local_view(into[f.dest_key], fmap, f).copy_(region())
-                            delivered.add((rank, i))
-                    except UcpError as err:
-                        problems.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
-                                        f"{type(err).__name__}: {err}")
+            # a rank's own regions never enter the exchange: a thread copies them straight from its
+            # memory while the exchange waits on peers (copies and gloo's waits release the GIL), so
+            # neither its peers nor its own copies wait for the other
+            own: list[str] = []
+
+            def copy_own() -> None:
+                for t in transfers:
+                    if t.source == t.dest == rank:
+                        try:
+                            for i, _, region in regions(t):
+                                f = mine[(rank, i)]
+                                local_view(into[f.dest_key], fmap, f).copy_(region())
+                                delivered.add((rank, i))
+                        except Exception as err:  # noqa: BLE001 - reported and agreed on below, never lost
+                            own.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
+                                       f"{type(err).__name__}: {err}")
+
+            worker = threading.Thread(target=copy_own, name="ucp-hot-own-copies", daemon=True)
+            worker.start()
+            try:
+                problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver,
+                                    group=group, round_bytes=round_bytes)
+            finally:
+                worker.join()
+            problems += own
     finally:
         memory.close()
     transferred = time.perf_counter()
@@ -466,5 +481,6 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+@functools.cache
 def _itemsize(name: str) -> int:
     return _dtype(name).itemsize

@@ -151,7 +151,7 @@ class DistributedAdam:
             parts = [self.master.data]
         else:
             dist.all_gather(parts, self.master.data.contiguous(), group=self.partition_group)
-        flat = torch.cat(parts)
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)  # one part: no copy of it first
         offset = 0
         with torch.no_grad():
             for p in self.params:

@@ -222,6 +222,13 @@ class MegatronTrainer(CheckpointSaving):
         tree = ucp.load(path, into=into, spec=fmap)
         return self.load_tensors(into, tree, has_masters=has_masters)
 
+    @staticmethod
+    def params_from_masters(layout: Layout, settings: TrainSettings, has_masters: bool) -> bool:
+        """Whether :meth:`load_tensors` writes every parameter from the fp32 masters (the distributed
+        optimizer in fp32 with masters in the checkpoint: its parameters are its masters), so a
+        load need not read the ``model/...`` tensors at all."""
+        return has_masters and layout.zero > 0 and not settings.mixed
+
     def load_tensors(self, into: dict[str, torch.Tensor], tree: dict, *, has_masters: bool) -> Progress:
         """Take loaded local tensors (keys of this rank's load map) and the saved JSON tree as this
         rank's state: what :meth:`load` does after reading, also used by a load from peers' memory."""
@@ -232,8 +239,11 @@ class MegatronTrainer(CheckpointSaving):
                 raise MissingMastersError(
                     f"the checkpoint holds {low[0]!r} as {str(into[low[0]].dtype).replace('torch.', '')} and no fp32 "
                     f"masters ({len(low)} tensor(s) like it): rebuilding fp32 masters from them would lose precision")
+        from_masters = self.params_from_masters(self.layout, self.settings, has_masters)
         with torch.no_grad():
             for key, param in self.params.items():
+                if from_masters and f"model/{key}" not in into:  # copy_to_params below writes it
+                    continue
                 master = into.get(f"optim/fp32/model/{key}")  # zero=0 target, masters in the checkpoint
                 # mixed: the checkpoint's bf16 parameter (or its fp32 one, rounded as master.to(bf16) rounds)
                 _fill(param, master if master is not None and not mixed else into[f"model/{key}"])

@@ -102,6 +102,8 @@ class HotReport:
     recovery_s: float = 0.0
     first_step_s: float = 0.0
     elements: dict[str, int] = field(default_factory=dict)  # own / peer / storage, summed over ranks
+    # the reshard's phases (plan, transfer, storage, build, ...), seconds, the slowest training rank's
+    phases: dict[str, float] = field(default_factory=dict)
     peer_bytes: int = 0
     corrupt: list[str] = field(default_factory=list)
     verified_tensors: int = 0
@@ -351,6 +353,7 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
             report.resumed_path = event["ranks"][0]["path"]
             report.elements = {k: sum(r["elements"][k] for r in event["ranks"]) for k in ("own", "peer", "storage")}
             report.peer_bytes = sum(r["peer_bytes"] for r in event["ranks"])
+            report.phases = {k: max(r["seconds"][k] for r in event["ranks"]) for k in event["ranks"][0]["seconds"]}
             report.corrupt = sorted({c for r in event["ranks"] for c in r["corrupt"]})
         elif kind == "verified":
             report.verified_tensors, report.mismatches = event["tensors"], event["mismatches"]

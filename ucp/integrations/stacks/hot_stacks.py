@@ -39,7 +39,7 @@ from typing import Any
 from ucp.integrations.stacks.common import STATES, TrainSettings
 from ucp.layout import Layout
 
-__all__ = ["HOT_STACKS", "covers", "layout_check", "new_targets", "recover"]
+__all__ = ["HOT_STACKS", "covers", "layout_check", "new_targets", "recover", "uncovered", "without_params"]
 
 HOT_STACKS = ("megatron", "native", "deepspeed")
 
@@ -128,10 +128,9 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
 
 
 def _recover_megatron(ctx, plan, held):
-
     from ucp import ucl
     from ucp.integrations.llama.config import LlamaConfig
-    from ucp.integrations.megatron.trainer import megatron_program
+    from ucp.integrations.megatron.trainer import MegatronTrainer, megatron_program
     from ucp.integrations.stacks.jobs import build_trainer
     from ucp.replication.hot_reshard import reshard_from_memory
     from ucp.spec import FragmentMap
@@ -146,6 +145,8 @@ def _recover_megatron(ctx, plan, held):
         masters.append(any(name.endswith("/fp32") for name in logical))
         states = ("fp32", *STATES) if masters[0] else STATES
         fmap = ucl.spec_for_load(held.program(megatron_program(cfg, states)), m.layout, m.rank, logical)
+        if MegatronTrainer.params_from_masters(m.layout, plan.settings, masters[0]):
+            fmap = without_params(fmap)  # written from the masters after the reshard: moving them is wasted
         return fmap, new_targets(fmap, ucl.local_shapes(fmap))
 
     began = time.perf_counter()
@@ -166,22 +167,46 @@ def _recover_megatron(ctx, plan, held):
     return trainer, report.path
 
 
+def without_params(fmap):
+    """``fmap`` without its ``model/...`` tensors (for a trainer that writes its parameters from
+    the masters it loads: :meth:`MegatronTrainer.params_from_masters`)."""
+    import dataclasses
+
+    keep = {k: v for k, v in fmap.tensors.items() if not k.startswith("model/")}
+    return dataclasses.replace(fmap, tensors=keep, local={k: v for k, v in fmap.local.items() if k in keep})
+
+
 def new_targets(fmap, shapes: dict) -> dict:
     """The local tensors a reshard fills (``shapes``: key -> LocalTensor, padding included), left
-    unfilled where the map's pieces cover every element (every piece is filled, or the reshard
-    refuses), zeroed only where some elements map to nothing (padding)."""
+    unfilled where the map's pieces cover them (every piece is filled, or the reshard refuses) and
+    zeroed only where elements map to nothing (padding): no pass over bytes that are overwritten."""
+    import math
+
     import torch
 
     out = {}
     for key, local in shapes.items():
-        make = torch.empty if covers(fmap.tensors[key].pieces, tuple(local.shape)) else torch.zeros
-        out[key] = make(tuple(local.shape), dtype=getattr(torch, local.dtype))
+        shape = tuple(local.shape)
+        gaps = uncovered(fmap.tensors[key].pieces, shape)
+        if gaps is None:  # pieces this rule cannot place: the whole tensor zeroed
+            out[key] = torch.zeros(shape, dtype=getattr(torch, local.dtype))
+            continue
+        out[key] = torch.empty(shape, dtype=getattr(torch, local.dtype))
+        flat = out[key].view(-1) if math.prod(shape) else out[key]
+        for start, stop in gaps:
+            flat[start:stop].zero_()
     return out
 
 
 def covers(pieces, shape: tuple[int, ...]) -> bool:
-    """Whether the local regions of ``pieces`` cover every element of a tensor of ``shape`` (boxes of
-    whole rows count as runs of the flattening; any other partial box makes it answer False)."""
+    """Whether the local regions of ``pieces`` cover every element of a tensor of ``shape``."""
+    return uncovered(pieces, shape) == []
+
+
+def uncovered(pieces, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
+    """The runs of a tensor of ``shape``'s flattening that no local region of ``pieces`` covers
+    (flat runs, and boxes of whole rows, which are runs too); None where a piece is a box of
+    partial rows (not placed here: the caller zeroes the whole tensor)."""
     import math
 
     from ucp.geometry import Box
@@ -197,15 +222,17 @@ def covers(pieces, shape: tuple[int, ...]) -> bool:
             elif tuple(local.offsets[1:]) == (0,) * (len(shape) - 1) and tuple(local.sizes[1:]) == tuple(shape[1:]):
                 runs.append((local.offsets[0] * row, (local.offsets[0] + local.sizes[0]) * row))
             else:
-                return False
+                return None
         else:
             runs.append((local.start, local.stop))
-    end = 0
+    gaps, end = [], 0
     for start, stop in sorted(runs):
         if start > end:
-            return False
+            gaps.append((end, start))
         end = max(end, stop)
-    return end >= numel
+    if end < numel:
+        gaps.append((end, numel))
+    return gaps
 
 
 def native_target(trainer, logical: dict):
