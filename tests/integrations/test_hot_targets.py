@@ -87,3 +87,43 @@ def test_a_trainer_built_from_loaded_tensors_takes_them_as_its_storage(world_of_
     for key, tensor in _state_tensors(before).items():
         assert torch.equal(tensor.view(torch.uint8), _state_tensors(after)[key].view(torch.uint8)), key
     assert after.train_step() == before.train_step()
+
+
+def test_a_step_is_left_at_the_next_module_once_a_newer_generation_is_published(monkeypatch):
+    import queue
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch import nn
+
+    from ucp.integrations.elastic import ElasticContext, Membership
+    from ucp.integrations.launch import free_port
+    from ucp.integrations.stacks.hot import GenerationWatch, Superseded
+    from ucp.layout import Layout
+
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    store.set("gen", "0")
+    shut = []  # the real release shuts every TCP socket of the process but the store's: not in a test run
+    monkeypatch.setattr("ucp.integrations.collective_release.release_collectives",
+                        lambda keep_port: shut.append(keep_port) or 0)
+    ctx = ElasticContext(0, store, queue.Queue(), 30.0, 30.0,
+                         membership=Membership(0, 0, 1, Layout.parse("dp=1"), 1, "", (0,)))
+
+    class Trainer:
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+
+    watch = GenerationWatch(ctx, every_s=0.005)
+    watch.stop_stale_steps(Trainer())
+    Trainer.model(torch.ones(1, 2))  # the rank's own generation: the step runs
+    store.set("gen", "1")
+    deadline = time.monotonic() + 30
+    while watch.latest < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    with pytest.raises(Superseded, match="generation 1 was published while rank 0 of generation 0"):
+        Trainer.model(torch.ones(1, 2))
+    assert shut == [store.port]  # its old collectives' sockets are shut before it leaves
+    ctx.membership = Membership(1, 0, 1, Layout.parse("dp=1"), 1, "", (0,))
+    Trainer.model(torch.ones(1, 2))  # the rank joined it: its steps run again
+    watch.stop()
