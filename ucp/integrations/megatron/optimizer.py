@@ -146,12 +146,11 @@ class DistributedAdam:
 
     def copy_to_params(self) -> None:
         """All-gather the updated parts and write them into the (local, tp-sharded) parameters."""
-        parts = [torch.empty_like(self.master.data) for _ in range(self.parts)]
-        if self.partition_group is None:
-            parts = [self.master.data]
-        else:
-            dist.all_gather(parts, self.master.data.contiguous(), group=self.partition_group)
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts)  # one part: no copy of it first
+        if self.partition_group is None or self.parts == 1:
+            flat = self.master.data
+        else:  # gathered straight into one flat buffer (its parts are views of it): no copy to join them
+            flat = torch.empty(self.padded, dtype=self.master.dtype)
+            dist.all_gather(list(flat.split(self.chunk)), self.master.data.contiguous(), group=self.partition_group)
         offset = 0
         with torch.no_grad():
             for p in self.params:
