@@ -74,6 +74,7 @@ class HotLoadReport:
     plan_s: float
     transfer_s: float
     storage_s: float
+    in_place_bytes: int = 0    # of received_bytes, received straight into the target tensors
 
 
 def held_arrays(tiers: Sequence[ReplicaTier], checkpoint: str, rmap: ReplicaMap) -> tuple[dict[str, bytes], list[str]]:
@@ -310,7 +311,8 @@ def held_manifest(meta: CheckpointMeta) -> Manifest:
 
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None,
+                        group=None, round_bytes: int = ROUND_BYTES, alone_bytes: int | None = None,
+                        complete: Collection[str] | None = None,
                         parsed: Mapping[str, tuple[bytes, Manifest]] | None = None,
                         ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
@@ -319,7 +321,9 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
     checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`); ``parsed``:
     manifests parsed ahead of a failure (path -> (manifest bytes, :func:`held_manifest`)), used
-    where their bytes are the held ones. Returns the checkpoint's JSON tree for this rank, the
+    where their bytes are the held ones; ``alone_bytes``: a region at least this large is a message
+    of its own, sent from the held bytes and received into its target in place where both are
+    contiguous (default :data:`ALONE_BYTES`). Returns the checkpoint's JSON tree for this rank, the
     filled tensors, the map and a report.
     """
     began = time.perf_counter()
@@ -351,7 +355,7 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     planned = time.perf_counter()
 
     memory = _HeldFragments(manifest, rmap, blobs)
-    transfers, parts = _coalesce(everyone, logical, round_bytes)
+    transfers, parts = _coalesce(everyone, logical, round_bytes, ALONE_BYTES if alone_bytes is None else alone_bytes)
     mine = {(rank, i): f for i, f in enumerate(plan.fetches)}
     delivered: set = set()
 
@@ -374,7 +378,22 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
             at += nbytes
         return _raw(buffer)
 
+    in_place = [0]
+
+    def receive_into(t: Transfer) -> torch.Tensor | None:
+        """A lone region whose target view is contiguous is received straight into it (no buffer)."""
+        if len(parts[t.key]) != 1 or not t.nbytes:
+            return None
+        view = local_view(into[mine[(rank, parts[t.key][0][0])].dest_key], fmap, mine[(rank, parts[t.key][0][0])])
+        if not view.is_contiguous() or view.numel() * view.element_size() != t.nbytes:
+            return None
+        return view.reshape(-1).view(torch.uint8)
+
     def deliver(t: Transfer, blob) -> None:
+        if blob is None:  # received in place (receive_into)
+            delivered.update((rank, i) for i, _, _ in regions(t))
+            in_place[0] += t.nbytes
+            return
         received = torch.frombuffer(blob, dtype=torch.uint8) if t.nbytes else torch.empty(0, dtype=torch.uint8)
         at = 0
         for i, nbytes, _ in regions(t):
@@ -407,7 +426,7 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
             worker.start()
             try:
                 problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver,
-                                    group=group, round_bytes=round_bytes)
+                                    group=group, round_bytes=round_bytes, receive_into=receive_into)
             finally:
                 worker.join()
             problems += own
@@ -427,7 +446,8 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     sent = sum(t.nbytes for t in transfers if t.source == rank != t.dest)
     received = sum(t.nbytes for t in transfers if t.dest == rank != t.source)
     report = HotLoadReport(meta.path, manifest.states.get(tree_rank), plan.elements(), sent, received,
-                           tuple(corrupt), planned - began, transferred - planned, done - transferred)
+                           tuple(corrupt), planned - began, transferred - planned, done - transferred,
+                           in_place[0])
     return manifest.states.get(tree_rank), into, fmap, report
 
 
@@ -446,9 +466,15 @@ def _plan_reads(manifest: Manifest, fmap: FragmentMap, path: str) -> tuple[LoadP
             "elements have no fragment); it cannot fill this layout: resume from another checkpoint")
 
 
-def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Transfer], dict]:
-    """One transfer per (source, destination) pair and round: the pair's asks back to back, at most
-    ``round_bytes`` each (an ask larger than that alone), so a round is a few large messages."""
+ALONE_BYTES = 1 << 20  # an ask this large is a message of its own: sent and received in place
+
+
+def _coalesce(everyone: list, logical: dict, round_bytes: int,
+              alone_bytes: int = ALONE_BYTES) -> tuple[list[Transfer], dict]:
+    """The transfers of every rank's asks: an ask of ``alone_bytes`` or more alone (its region is
+    sent from the held bytes in place where contiguous, and received straight into its target),
+    the smaller ones of each (source, destination) pair back to back, at most ``round_bytes``
+    per message (packed with one copy each side)."""
     transfers: list[Transfer] = []
     parts: dict[str, list] = {}
     pairs: dict[tuple[int, int], list] = {}
@@ -457,9 +483,15 @@ def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Tra
             nbytes = math.prod(ask[4]) * _itemsize(logical[ask[1]].dtype)
             pairs.setdefault((ask[0], dest), []).append((i, ask, nbytes))
     for (source, dest), items in sorted(pairs.items()):
+        for item in items:
+            if item[2] >= alone_bytes:
+                key = f"{source}>{dest}#{len(transfers)}"
+                transfers.append(Transfer(source, dest, key, item[2]))
+                parts[key] = [item]
+        items = [item for item in items if item[2] < alone_bytes]
         batch, size = [], 0
         for item in items + [None]:
-            if item is None or (batch and size + item[2] > round_bytes):
+            if (item is None and batch) or (item is not None and batch and size + item[2] > round_bytes):
                 key = f"{source}>{dest}#{len(transfers)}"
                 transfers.append(Transfer(source, dest, key, size))
                 parts[key] = batch

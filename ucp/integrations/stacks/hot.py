@@ -57,6 +57,7 @@ class HotPlan:
     corrupt_uid: int | None = None      # this process's held replicas are corrupted after the last save
     verify: bool = True                 # compare every logical tensor with the checkpoint (not timed)
     round_bytes: int = 64 << 20
+    alone_bytes: int = 1 << 20  # a region this large moves alone: sent and received in place (hot_reshard)
     memory_bytes: int = 16 << 30
     collective_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
@@ -105,6 +106,7 @@ class HotReport:
     # the reshard's phases (plan, transfer, storage, build, ...), seconds, the slowest training rank's
     phases: dict[str, float] = field(default_factory=dict)
     peer_bytes: int = 0
+    in_place_bytes: int = 0    # of peer_bytes, received straight into the new state's tensors
     corrupt: list[str] = field(default_factory=list)
     verified_tensors: int = 0
     mismatches: list[str] = field(default_factory=list)
@@ -423,6 +425,7 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
             report.resumed_path = event["ranks"][0]["path"]
             report.elements = {k: sum(r["elements"][k] for r in event["ranks"]) for k in ("own", "peer", "storage")}
             report.peer_bytes = sum(r["peer_bytes"] for r in event["ranks"])
+            report.in_place_bytes = sum(r["in_place_bytes"] for r in event["ranks"])
             report.phases = {k: max(r["seconds"][k] for r in event["ranks"]) for k in event["ranks"][0]["seconds"]}
             report.corrupt = sorted({c for r in event["ranks"] for c in r["corrupt"]})
         elif kind == "verified":

@@ -117,7 +117,8 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
     """Every training rank's reshard summary, to rank 0, which emits ``recovered`` (a collective)."""
     import torch.distributed as dist
 
-    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
+    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "in_place_bytes": report.in_place_bytes,
+               "corrupt": list(report.corrupt),
                "path": report.path, "seconds": {"plan": report.plan_s, "transfer": report.transfer_s,
                                                 "storage": report.storage_s, **seconds}, **(extra or {})}
     everyone: list = [None] * dist.get_world_size()
@@ -151,6 +152,7 @@ def _recover_megatron(ctx, plan, held):
 
     began = time.perf_counter()
     tree, into, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                  alone_bytes=plan.alone_bytes,
                                                   complete=held.complete, parsed=held.manifests)
     if m.active < m.world:  # idle ranks leave; the training ones form their own group
         if not m.training:
@@ -275,6 +277,7 @@ def _build_first(ctx, plan, held, fill):
 
     with torch.no_grad():
         tree, _, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                 alone_bytes=plan.alone_bytes,
                                                  complete=held.complete, parsed=held.manifests)
         finish[0](tree)
     _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,
