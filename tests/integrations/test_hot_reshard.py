@@ -124,3 +124,16 @@ def test_a_bf16_tensor_is_resharded_from_memory_bit_for_bit(world_of_one, tmp_pa
     tree, into, _, report = reshard_from_memory(snapshots.tiers, target, complete=snapshots.complete)
     assert tree["step"] == 3 and torch.equal(into["h"].view(torch.int16), STATE["h"][2:].view(torch.int16))
     assert report.elements == {"own": 5, "peer": 0, "storage": 0}
+
+
+def test_a_large_ask_moves_alone_and_small_ones_share_a_message_per_pair():
+    from ucp.spec import LogicalTensor
+
+    logical = {"w": LogicalTensor("w", (64, 4), "float32")}
+    # (holder, logical, fragment, offsets, sizes) per rank: rank 1 asks rank 0 for 3 regions
+    everyone = [[], [(0, "w", 0, (0, 0), (32, 4)), (0, "w", 0, (32, 0), (2, 4)), (0, "w", 0, (34, 0), (1, 4))]]
+    transfers, parts = hot_reshard._coalesce(everyone, logical, round_bytes=1 << 20, alone_bytes=512)
+    assert [(t.source, t.dest, t.nbytes) for t in transfers] == [(0, 1, 512), (0, 1, 48)]
+    assert [[i for i, _, _ in parts[t.key]] for t in transfers] == [[0], [1, 2]]
+    transfers, _ = hot_reshard._coalesce(everyone, logical, round_bytes=1 << 20, alone_bytes=1 << 20)
+    assert [t.nbytes for t in transfers] == [560]  # nothing that large: one message

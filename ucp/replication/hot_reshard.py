@@ -19,15 +19,17 @@ A held array is read in place: a fragment of a pack is a view of the held bytes,
 against the manifest's checksums the first time a region of it is asked for (an array saved as
 chunk files goes through :class:`ucp.reader.CheckpointReader` over an in-memory store), so every
 chunk is checked either way, once. A message packs its regions with one copy each; a rank's own
-regions never enter the exchange.
+regions never enter the exchange (a thread copies them while the exchange waits on peers).
 
     tree, report = reshard_from_memory(tiers, make_target, group=dist.group.WORLD)
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -72,6 +74,7 @@ class HotLoadReport:
     plan_s: float
     transfer_s: float
     storage_s: float
+    in_place_bytes: int = 0    # of received_bytes, received straight into the target tensors
 
 
 def held_arrays(tiers: Sequence[ReplicaTier], checkpoint: str, rmap: ReplicaMap) -> tuple[dict[str, bytes], list[str]]:
@@ -113,6 +116,7 @@ class _HeldFragments:
         self.fragments: dict[tuple[str, int], torch.Tensor] = {}  # checked, in storage shape
         self.pieces: dict[tuple[str, int], list] = {}  # a flat fragment's boxes
         self._chunked: tuple[MemoryStore, CheckpointReader] | None = None
+        self._opening = threading.Lock()  # chunk-file reads: the exchange and the own-copies thread
 
     def fragment(self, logical: str, index: int) -> torch.Tensor:
         """Fragment ``index`` of ``logical`` whole (an array this rank holds), checked once."""
@@ -122,7 +126,8 @@ class _HeldFragments:
             if frag.key in self.packs:
                 data = self._packed(logical, frag)
             else:
-                data = self._reader().read_fragment(logical, frag)
+                with self._opening:  # one reader for two threads (the exchange, the own copies)
+                    data = self._reader().read_fragment(logical, frag)
             self.fragments[(logical, index)] = data
         return data
 
@@ -306,7 +311,8 @@ def held_manifest(meta: CheckpointMeta) -> Manifest:
 
 def reshard_from_memory(tiers: Sequence[ReplicaTier],
                         make_target: Callable[[dict], tuple[FragmentMap, dict[str, torch.Tensor]]], *,
-                        group=None, round_bytes: int = ROUND_BYTES, complete: Collection[str] | None = None,
+                        group=None, round_bytes: int = ROUND_BYTES, alone_bytes: int | None = None,
+                        complete: Collection[str] | None = None,
                         parsed: Mapping[str, tuple[bytes, Manifest]] | None = None,
                         ) -> tuple[Any, dict[str, torch.Tensor], FragmentMap, HotLoadReport]:
     """Fill this rank's new state from the newest checkpoint held in memory (collective; module doc).
@@ -315,7 +321,9 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     local tensors (``logical``: name -> LogicalTensor, from the held manifest); ``complete``: the
     checkpoint paths this rank knows are replicated everywhere (see :func:`_newest`); ``parsed``:
     manifests parsed ahead of a failure (path -> (manifest bytes, :func:`held_manifest`)), used
-    where their bytes are the held ones. Returns the checkpoint's JSON tree for this rank, the
+    where their bytes are the held ones; ``alone_bytes``: a region at least this large is a message
+    of its own, sent from the held bytes and received into its target in place where both are
+    contiguous (default :data:`ALONE_BYTES`). Returns the checkpoint's JSON tree for this rank, the
     filled tensors, the map and a report.
     """
     began = time.perf_counter()
@@ -347,7 +355,7 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     planned = time.perf_counter()
 
     memory = _HeldFragments(manifest, rmap, blobs)
-    transfers, parts = _coalesce(everyone, logical, round_bytes)
+    transfers, parts = _coalesce(everyone, logical, round_bytes, ALONE_BYTES if alone_bytes is None else alone_bytes)
     mine = {(rank, i): f for i, f in enumerate(plan.fetches)}
     delivered: set = set()
 
@@ -370,7 +378,22 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
             at += nbytes
         return _raw(buffer)
 
+    in_place = [0]
+
+    def receive_into(t: Transfer) -> torch.Tensor | None:
+        """A lone region whose target view is contiguous is received straight into it (no buffer)."""
+        if len(parts[t.key]) != 1 or not t.nbytes:
+            return None
+        view = local_view(into[mine[(rank, parts[t.key][0][0])].dest_key], fmap, mine[(rank, parts[t.key][0][0])])
+        if not view.is_contiguous() or view.numel() * view.element_size() != t.nbytes:
+            return None
+        return view.reshape(-1).view(torch.uint8)
+
     def deliver(t: Transfer, blob) -> None:
+        if blob is None:  # received in place (receive_into)
+            delivered.update((rank, i) for i, _, _ in regions(t))
+            in_place[0] += t.nbytes
+            return
         received = torch.frombuffer(blob, dtype=torch.uint8) if t.nbytes else torch.empty(0, dtype=torch.uint8)
         at = 0
         for i, nbytes, _ in regions(t):
@@ -382,20 +405,31 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)  # held bytes: read only
-            # a rank's own regions never enter the exchange: copied straight from its memory afterwards,
-            # so its peers never wait for them
-            problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver, group=group,
-                                round_bytes=round_bytes)
-            for t in transfers:
-                if t.source == t.dest == rank:
-                    try:
-                        for i, _, region in regions(t):
-                            f = mine[(rank, i)]
-                            local_view(into[f.dest_key], fmap, f).copy_(region())
-                            delivered.add((rank, i))
-                    except UcpError as err:
-                        problems.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
-                                        f"{type(err).__name__}: {err}")
+            # a rank's own regions never enter the exchange: a thread copies them straight from its
+            # memory while the exchange waits on peers (copies and gloo's waits release the GIL), so
+            # neither its peers nor its own copies wait for the other
+            own: list[str] = []
+
+            def copy_own() -> None:
+                for t in transfers:
+                    if t.source == t.dest == rank:
+                        try:
+                            for i, _, region in regions(t):
+                                f = mine[(rank, i)]
+                                local_view(into[f.dest_key], fmap, f).copy_(region())
+                                delivered.add((rank, i))
+                        except Exception as err:  # noqa: BLE001 - reported and agreed on below, never lost
+                            own.append(f"cannot read array {t.key!r} held by rank {rank} itself: "
+                                       f"{type(err).__name__}: {err}")
+
+            worker = threading.Thread(target=copy_own, name="ucp-hot-own-copies", daemon=True)
+            worker.start()
+            try:
+                problems = exchange([t for t in transfers if t.source != t.dest], load=load, deliver=deliver,
+                                    group=group, round_bytes=round_bytes, receive_into=receive_into)
+            finally:
+                worker.join()
+            problems += own
     finally:
         memory.close()
     transferred = time.perf_counter()
@@ -412,7 +446,8 @@ def reshard_from_memory(tiers: Sequence[ReplicaTier],
     sent = sum(t.nbytes for t in transfers if t.source == rank != t.dest)
     received = sum(t.nbytes for t in transfers if t.dest == rank != t.source)
     report = HotLoadReport(meta.path, manifest.states.get(tree_rank), plan.elements(), sent, received,
-                           tuple(corrupt), planned - began, transferred - planned, done - transferred)
+                           tuple(corrupt), planned - began, transferred - planned, done - transferred,
+                           in_place[0])
     return manifest.states.get(tree_rank), into, fmap, report
 
 
@@ -431,9 +466,15 @@ def _plan_reads(manifest: Manifest, fmap: FragmentMap, path: str) -> tuple[LoadP
             "elements have no fragment); it cannot fill this layout: resume from another checkpoint")
 
 
-def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Transfer], dict]:
-    """One transfer per (source, destination) pair and round: the pair's asks back to back, at most
-    ``round_bytes`` each (an ask larger than that alone), so a round is a few large messages."""
+ALONE_BYTES = 1 << 20  # an ask this large is a message of its own: sent and received in place
+
+
+def _coalesce(everyone: list, logical: dict, round_bytes: int,
+              alone_bytes: int = ALONE_BYTES) -> tuple[list[Transfer], dict]:
+    """The transfers of every rank's asks: an ask of ``alone_bytes`` or more alone (its region is
+    sent from the held bytes in place where contiguous, and received straight into its target),
+    the smaller ones of each (source, destination) pair back to back, at most ``round_bytes``
+    per message (packed with one copy each side)."""
     transfers: list[Transfer] = []
     parts: dict[str, list] = {}
     pairs: dict[tuple[int, int], list] = {}
@@ -442,9 +483,15 @@ def _coalesce(everyone: list, logical: dict, round_bytes: int) -> tuple[list[Tra
             nbytes = math.prod(ask[4]) * _itemsize(logical[ask[1]].dtype)
             pairs.setdefault((ask[0], dest), []).append((i, ask, nbytes))
     for (source, dest), items in sorted(pairs.items()):
+        for item in items:
+            if item[2] >= alone_bytes:
+                key = f"{source}>{dest}#{len(transfers)}"
+                transfers.append(Transfer(source, dest, key, item[2]))
+                parts[key] = [item]
+        items = [item for item in items if item[2] < alone_bytes]
         batch, size = [], 0
         for item in items + [None]:
-            if item is None or (batch and size + item[2] > round_bytes):
+            if (item is None and batch) or (item is not None and batch and size + item[2] > round_bytes):
                 key = f"{source}>{dest}#{len(transfers)}"
                 transfers.append(Transfer(source, dest, key, size))
                 parts[key] = batch
@@ -466,5 +513,6 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+@functools.cache
 def _itemsize(name: str) -> int:
     return _dtype(name).itemsize

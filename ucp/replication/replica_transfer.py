@@ -67,14 +67,18 @@ def _device(group) -> torch.device:
 
 
 def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes],
-             deliver: Callable[[Transfer, bytes], None], group=None, round_bytes: int = ROUND_BYTES,
-             device: torch.device | None = None) -> list[str]:
+             deliver: Callable[[Transfer, bytes | None], None], group=None, round_bytes: int = ROUND_BYTES,
+             device: torch.device | None = None,
+             receive_into: Callable[[Transfer], torch.Tensor | None] | None = None) -> list[str]:
     """Run ``transfers`` collectively: sources ``load`` blobs, destinations get ``deliver(transfer, blob)``.
 
     Returns this rank's failures to load (a source that cannot read a blob sends zeros of
     the planned length, which fail the receiver's checksum, and keeps going), so no peer is
     left waiting. ``deliver`` is called after a round's communication has finished, for the
-    same reason; the caller agrees on failures afterwards.
+    same reason; the caller agrees on failures afterwards. ``receive_into(transfer)``: where
+    the destination wants the bytes received straight (a contiguous uint8 CPU tensor of the
+    transfer's length, e.g. a view of its final tensor), or None for a buffer; a transfer
+    received that way is delivered as ``deliver(transfer, None)`` (no copy out of a buffer).
     """
     errors: list[str] = []
 
@@ -102,14 +106,15 @@ def exchange(transfers: Sequence[Transfer], *, load: Callable[[Transfer], bytes]
                 tensor = _as_tensor(loaded(t)).to(device)
                 ops.append(dist.P2POp(dist.isend, tensor, _global(group, t.dest), group=group, tag=index))
             elif t.dest == rank:
-                buffer = torch.empty(t.nbytes, dtype=torch.uint8, device=device)
+                target = receive_into(t) if receive_into is not None and device.type == "cpu" else None
+                buffer = torch.empty(t.nbytes, dtype=torch.uint8, device=device) if target is None else target
                 ops.append(dist.P2POp(dist.irecv, buffer, _global(group, t.source), group=group, tag=index))
-                inbox.append((t, buffer, None))
+                inbox.append((t, buffer, None) if target is None else (t, None, None))
         # One batch per round: NCCL runs it as one group (no order between peers can deadlock it);
         # gloo matches the pairs by tag.
         for work in dist.batch_isend_irecv(ops) if ops else ():
             work.wait()
-        for t, buffer, blob in inbox:
+        for t, buffer, blob in inbox:  # blob None with no buffer: received in place
             deliver(t, blob if buffer is None else buffer.cpu().numpy().data)  # a view: no copy of the blob
     return errors
 

@@ -46,10 +46,12 @@ def test_survivors_shrink_dp_and_take_a_corrupt_replicas_regions_from_storage(tm
 def test_a_bf16_run_with_fp32_masters_reshards_bit_for_bit(tmp_path):
     # bf16 parameters have no numpy dtype: the bitwise check compares their bit patterns
     bf16 = TrainSettings(precision="bf16")
-    plan = HotPlan(layout="tp=2,dp=2,zero=1", settings=bf16, steps=5, kill_uid=1)
+    # alone_bytes=1: every region moves alone, sent and received in place where contiguous
+    plan = HotPlan(layout="tp=2,dp=2,zero=1", settings=bf16, steps=5, kill_uid=1, alone_bytes=1)
     report = run_hot(plan, tmp_path / "run", timeout_s=300)
     _check(report, 5, bf16)
     assert report.layout_after == "tp=2,zero=1" and report.verified_tensors > 0
+    assert 0 < report.in_place_bytes <= report.peer_bytes
 
 
 def test_every_wait_of_a_hot_plan_is_bounded():
@@ -91,13 +93,15 @@ def test_the_native_stack_reshards_fsdp2_and_tp_shards_from_memory_under_a_small
     # parallel shards stay where they are) and shrinks dp; the process left over hands the arrays
     # only it holds to a training rank and waits as a spare. A survivor blocked in a collective with
     # live peers that already left is released by its beat thread (collective_release), not by a timeout
-    plan = HotPlan(layout="tp=2,dp=2", stack="native", steps=6, kill_uid=1)
+    # alone_bytes=1: every region moves alone, received straight into the live shards where contiguous
+    plan = HotPlan(layout="tp=2,dp=2", stack="native", steps=6, kill_uid=1, alone_bytes=1)
     report = run_hot(plan, tmp_path / "run", timeout_s=300)
     _check(report, 6)
     assert report.layout_after == "tp=2"
     assert report.why == "kept tp=2, pp=1, cp=1; dp 2 -> 1: 2 of 3 processes active, 1 idle as a spare"
     assert report.resumed_position == 3 * TrainSettings().global_batch
     assert report.elements["storage"] == 0 and report.elements["own"] > 0 and report.elements["peer"] > 0
+    assert 0 < report.in_place_bytes <= report.peer_bytes
 
 
 @pytest.mark.slow

@@ -21,6 +21,8 @@ in between); after each step the parameters are the masters rounded to bf16.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -38,24 +40,47 @@ def _sum_grads(grad: torch.Tensor, group) -> torch.Tensor:
     return total.float()
 
 
-def _fresh_state(adam: torch.optim.Adam) -> None:
-    for group in adam.param_groups:
-        for p in group["params"]:
-            adam.state[p] = fresh_adam_state(p)
+def adoptable(tensor: torch.Tensor | None, shape, dtype: torch.dtype) -> bool:
+    """Whether ``tensor`` can serve as the storage of a state of this shape and dtype (contiguous)."""
+    return (tensor is not None and tuple(tensor.shape) == tuple(shape) and tensor.dtype == dtype
+            and tensor.is_contiguous())
+
+
+def _fresh_state(adam: torch.optim.Adam, given: list[Mapping[str, torch.Tensor]] | None = None) -> None:
+    """Adam's state before its first step for every parameter. ``given``: per parameter, moments
+    already filled (from a checkpoint; ``exp_avg``, ``exp_avg_sq``), taken as they are where they
+    fit instead of fresh zeros that a load would overwrite."""
+    params = [p for group in adam.param_groups for p in group["params"]]
+    for p, have in zip(params, given or [{}] * len(params)):
+        state = fresh_adam_state(p) if not have else {"step": torch.tensor(0.0)}
+        if have:
+            for name in ("exp_avg", "exp_avg_sq"):
+                t = have.get(name)
+                state[name] = t if adoptable(t, p.shape, p.dtype) else torch.zeros_like(p)
+        adam.state[p] = state
+
+
+def _master(given: torch.Tensor | None, param: nn.Parameter) -> nn.Parameter:
+    """The fp32 master of a parameter below fp32: ``given`` where it fits, else a copy of the parameter."""
+    return nn.Parameter(given if adoptable(given, param.shape, torch.float32) else param.detach().float())
 
 
 class ReplicatedAdam:
     """zero=0: gradients summed over ``reduce_group``, Adam state beside each parameter.
 
     ``params``: local key -> parameter. Parameters below fp32 get an fp32 master each, which
-    Adam steps instead (Megatron's Float16OptimizerWithFloat16Params)."""
+    Adam steps instead (Megatron's Float16OptimizerWithFloat16Params). ``given``: key -> state
+    name (``fp32``, ``exp_avg``, ``exp_avg_sq``) -> a tensor already holding it, used as its storage."""
 
-    def __init__(self, params: dict[str, nn.Parameter], settings: TrainSettings, *, reduce_group) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], settings: TrainSettings, *, reduce_group,
+                 given: Mapping[str, Mapping[str, torch.Tensor]] | None = None) -> None:
         self.keys, self.params, self.group = list(params), list(params.values()), reduce_group
+        given = given or {}
         with torch.no_grad():
-            self.masters = [p if p.dtype == torch.float32 else nn.Parameter(p.detach().float()) for p in self.params]
+            self.masters = [p if p.dtype == torch.float32 else _master(given.get(k, {}).get("fp32"), p)
+                            for k, p in params.items()]
         self.adam = make_adam(self.masters, settings)
-        _fresh_state(self.adam)
+        _fresh_state(self.adam, [given.get(k, {}) for k in self.keys] if given else None)
 
     def step(self) -> None:
         for p, master in zip(self.params, self.masters):
@@ -80,10 +105,12 @@ class ReplicatedAdam:
 
 
 class DistributedAdam:
-    """ZeRO-1/2 over ``partition_group`` for ``params`` (key -> parameter, in buffer order); see the module doc."""
+    """ZeRO-1/2 over ``partition_group`` for ``params`` (key -> parameter, in buffer order); see the module doc.
+    ``given``: state name (``fp32``, ``exp_avg``, ``exp_avg_sq``) -> this rank's part already filled
+    (from a checkpoint), used as its storage instead of a fresh one."""
 
     def __init__(self, params: dict[str, nn.Parameter], settings: TrainSettings, *, reduce_group,
-                 partition_group) -> None:
+                 partition_group, given: Mapping[str, torch.Tensor] | None = None) -> None:
         self.keys, self.params = list(params), list(params.values())
         self.reduce_group, self.partition_group = reduce_group, partition_group
         self.parts = 1 if partition_group is None else dist.get_world_size(partition_group)
@@ -92,11 +119,16 @@ class DistributedAdam:
         self.padded = -(-total // self.parts) * self.parts
         self.chunk = self.padded // self.parts
         self.lo = index * self.chunk
+        given = given or {}
+        master = given.get("fp32")
         with torch.no_grad():
-            flat = self._flat([p.detach().float() for p in self.params])
-            self.master = nn.Parameter(flat[self.lo : self.lo + self.chunk].clone())
+            if adoptable(master, (self.chunk,), torch.float32):  # filled already: no flat copy of the parameters
+                self.master = nn.Parameter(master)
+            else:
+                flat = self._flat([p.detach().float() for p in self.params])
+                self.master = nn.Parameter(flat[self.lo : self.lo + self.chunk].clone())
         self.adam = make_adam([self.master], settings)
-        _fresh_state(self.adam)
+        _fresh_state(self.adam, [given] if given else None)
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
@@ -114,12 +146,11 @@ class DistributedAdam:
 
     def copy_to_params(self) -> None:
         """All-gather the updated parts and write them into the (local, tp-sharded) parameters."""
-        parts = [torch.empty_like(self.master.data) for _ in range(self.parts)]
-        if self.partition_group is None:
-            parts = [self.master.data]
-        else:
-            dist.all_gather(parts, self.master.data.contiguous(), group=self.partition_group)
-        flat = torch.cat(parts)
+        if self.partition_group is None or self.parts == 1:
+            flat = self.master.data
+        else:  # gathered straight into one flat buffer (its parts are views of it): no copy to join them
+            flat = torch.empty(self.padded, dtype=self.master.dtype)
+            dist.all_gather(list(flat.split(self.chunk)), self.master.data.contiguous(), group=self.partition_group)
         offset = 0
         with torch.no_grad():
             for p in self.params:

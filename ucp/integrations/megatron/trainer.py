@@ -31,7 +31,7 @@ from ucp.integrations.llama.model import build_model, logical_shapes
 from ucp.integrations.megatron.groups import ParallelGroups
 from ucp.integrations.megatron.layers import vocab_parallel_cross_entropy
 from ucp.integrations.megatron.model import GPTStage
-from ucp.integrations.megatron.optimizer import DistributedAdam, ReplicatedAdam
+from ucp.integrations.megatron.optimizer import DistributedAdam, ReplicatedAdam, adoptable
 from ucp.integrations.megatron.pipeline import run_gpipe
 from ucp.integrations.megatron.sharding import local_shards, pieces_of, shards_from_logical
 from ucp.integrations.stacks.common import (STATES, CheckpointSaving, MissingMastersError, Progress, TrainSettings,
@@ -53,6 +53,15 @@ def saved_states(layout: Layout, settings: TrainSettings) -> tuple[str, ...]:
     return ("fp32", *STATES) if layout.zero > 0 or settings.mixed else STATES
 
 
+def _fill(dest: torch.Tensor, source: torch.Tensor) -> None:
+    """``dest.copy_(source)``, skipped where ``dest`` is ``source``'s own storage (a state the
+    trainer adopted when it was built from loaded tensors)."""
+    if (dest.data_ptr() == source.data_ptr() and dest.shape == source.shape and dest.stride() == source.stride()
+            and dest.dtype == source.dtype):
+        return
+    dest.copy_(source)
+
+
 def _natural(key: str):
     import re
 
@@ -61,12 +70,18 @@ def _natural(key: str):
 
 class MegatronTrainer(CheckpointSaving):
     """One rank of a Megatron-style run (see the module doc). ``init=False`` skips drawing the initial
-    weights, for a rank that loads a checkpoint right away."""
+    weights, for a rank that loads a checkpoint right away. ``tensors`` (with ``init=False``): local
+    tensors of this rank's load map already filled (``model/<key>``, ``optim/<state>/<kind>`` or
+    ``optim/<state>/model/<key>``), taken as the storage of the parameters, masters and Adam moments
+    they fit (same shape and dtype): nothing allocated twice, and :meth:`load_tensors` skips them."""
 
     stack = "megatron"
 
     def __init__(self, cfg: LlamaConfig, layout: Layout | str, settings: TrainSettings, *, rank: int,
-                 init: bool = True) -> None:
+                 init: bool = True, tensors: dict[str, torch.Tensor] | None = None) -> None:
+        if tensors and init:
+            raise ValueError("tensors= holds a loaded state: build with init=False")
+        tensors = tensors or {}
         layout = Layout.parse(layout) if isinstance(layout, str) else layout
         self._check(cfg, layout, settings)
         self.cfg, self.layout, self.settings, self.rank = cfg, layout, settings, rank
@@ -89,11 +104,15 @@ class MegatronTrainer(CheckpointSaving):
                 for key, tensor in shards_from_logical(self.shards, logical).items():
                     self.params[key].copy_(tensor)
             else:  # a checkpoint is loaded next; padding stays zero
-                for param in self.params.values():
-                    param.zero_()
+                for key, param in self.params.items():
+                    if not adoptable(tensors.get(f"model/{key}"), param.shape, settings.param_dtype):
+                        param.zero_()
         # Megatron's Float16Module: the model computes in bf16; the optimizers' masters start as its copies
         self.stage.to(settings.param_dtype)
-        self.optimizers = self._optimizers()
+        for key, param in self.params.items():  # filled already: their storage becomes the parameter's
+            if adoptable(given := tensors.get(f"model/{key}"), param.shape, param.dtype):
+                param.data = given
+        self.optimizers = self._optimizers(tensors)
 
     @staticmethod
     def _check(cfg: LlamaConfig, layout: Layout, settings: TrainSettings) -> None:
@@ -119,7 +138,8 @@ class MegatronTrainer(CheckpointSaving):
         keys = [k for k in self.params if fnmatch.fnmatchcase(f"model/{k}", "*.experts.*") == experts]
         return sorted(keys, key=lambda k: _natural(f"model/{k}"))
 
-    def _optimizers(self) -> dict:
+    def _optimizers(self, tensors: dict[str, torch.Tensor]) -> dict:
+        """The optimizers over this rank's parameters (``tensors``: filled states to adopt, see the class doc)."""
         g = self.groups
         out = {}
         for kind, experts in (("dense", False), ("experts", True)):
@@ -130,10 +150,15 @@ class MegatronTrainer(CheckpointSaving):
             # experts' tokens came from the whole ep group already: sum over the ranks holding the same expert
             reduce_group = g.edp_cp if experts else g.dp_cp
             if self.layout.zero == 0:
-                out[kind] = ReplicatedAdam(params, self.settings, reduce_group=reduce_group)
+                given = {k: {s: t for s in ("fp32", *STATES) if (t := tensors.get(f"optim/{s}/model/{k}")) is not None}
+                         for k in keys}
+                out[kind] = ReplicatedAdam(params, self.settings, reduce_group=reduce_group,
+                                           given={k: v for k, v in given.items() if v})
             else:
                 partition = g.edp if experts else g.dp_cp
-                out[kind] = DistributedAdam(params, self.settings, reduce_group=reduce_group, partition_group=partition)
+                out[kind] = DistributedAdam(params, self.settings, reduce_group=reduce_group, partition_group=partition,
+                                            given={s: t for s in ("fp32", *STATES)
+                                                   if (t := tensors.get(f"optim/{s}/{kind}")) is not None})
         return out
 
     # ------------------------------------------------------------------ training
@@ -197,6 +222,13 @@ class MegatronTrainer(CheckpointSaving):
         tree = ucp.load(path, into=into, spec=fmap)
         return self.load_tensors(into, tree, has_masters=has_masters)
 
+    @staticmethod
+    def params_from_masters(layout: Layout, settings: TrainSettings, has_masters: bool) -> bool:
+        """Whether :meth:`load_tensors` writes every parameter from the fp32 masters (the distributed
+        optimizer in fp32 with masters in the checkpoint: its parameters are its masters), so a
+        load need not read the ``model/...`` tensors at all."""
+        return has_masters and layout.zero > 0 and not settings.mixed
+
     def load_tensors(self, into: dict[str, torch.Tensor], tree: dict, *, has_masters: bool) -> Progress:
         """Take loaded local tensors (keys of this rank's load map) and the saved JSON tree as this
         rank's state: what :meth:`load` does after reading, also used by a load from peers' memory."""
@@ -207,11 +239,14 @@ class MegatronTrainer(CheckpointSaving):
                 raise MissingMastersError(
                     f"the checkpoint holds {low[0]!r} as {str(into[low[0]].dtype).replace('torch.', '')} and no fp32 "
                     f"masters ({len(low)} tensor(s) like it): rebuilding fp32 masters from them would lose precision")
+        from_masters = self.params_from_masters(self.layout, self.settings, has_masters)
         with torch.no_grad():
             for key, param in self.params.items():
+                if from_masters and f"model/{key}" not in into:  # copy_to_params below writes it
+                    continue
                 master = into.get(f"optim/fp32/model/{key}")  # zero=0 target, masters in the checkpoint
                 # mixed: the checkpoint's bf16 parameter (or its fp32 one, rounded as master.to(bf16) rounds)
-                param.copy_(master if master is not None and not mixed else into[f"model/{key}"])
+                _fill(param, master if master is not None and not mixed else into[f"model/{key}"])
         for kind, opt in self.optimizers.items():
             if self.layout.zero == 0:
                 for key in opt.keys:
@@ -220,17 +255,17 @@ class MegatronTrainer(CheckpointSaving):
                         if s == "fp32" and source is None:  # an fp32 run's parameters are its masters
                             source = into[f"model/{key}"]
                         if source is not None:
-                            opt.state_of(self.params[key], s).copy_(source)
+                            _fill(opt.state_of(self.params[key], s), source)
             else:
                 if has_masters:
-                    opt.state("fp32").copy_(into[f"optim/fp32/{kind}"])
+                    _fill(opt.state("fp32"), into[f"optim/fp32/{kind}"])
                     if not mixed:  # fp32 parameters are the masters (the checkpoint's may be bf16)
                         opt.copy_to_params()
                 else:
                     opt.refresh_master([into[f"model/{k}"] for k in opt.keys])
                 for s in STATES:
                     if f"optim/{s}/{kind}" in into:
-                        opt.state(s).copy_(into[f"optim/{s}/{kind}"])
+                        _fill(opt.state(s), into[f"optim/{s}/{kind}"])
         self.progress = Progress.from_tree(tree)
         for opt in self.optimizers.values():
             opt.set_step(self.progress.step)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from ucp.integrations.elastic import ElasticAgent, ElasticContext, RendezvousTimeout
 from ucp.integrations.stacks.common import TrainSettings
 
-__all__ = ["HotPlan", "HotReport", "HeldMemory", "run_hot", "hot_worker"]
+__all__ = ["GenerationWatch", "HotPlan", "HotReport", "HeldMemory", "Superseded", "run_hot", "hot_worker"]
 
 MAX_TIMEOUT_S = 3600.0  # every wait of a hot recovery is bounded; an hour is past any sane setting
 
@@ -57,6 +57,7 @@ class HotPlan:
     corrupt_uid: int | None = None      # this process's held replicas are corrupted after the last save
     verify: bool = True                 # compare every logical tensor with the checkpoint (not timed)
     round_bytes: int = 64 << 20
+    alone_bytes: int = 1 << 20  # a region this large moves alone: sent and received in place (hot_reshard)
     memory_bytes: int = 16 << 30
     collective_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
@@ -102,7 +103,10 @@ class HotReport:
     recovery_s: float = 0.0
     first_step_s: float = 0.0
     elements: dict[str, int] = field(default_factory=dict)  # own / peer / storage, summed over ranks
+    # the reshard's phases (plan, transfer, storage, build, ...), seconds, the slowest training rank's
+    phases: dict[str, float] = field(default_factory=dict)
     peer_bytes: int = 0
+    in_place_bytes: int = 0    # of peer_bytes, received straight into the new state's tensors
     corrupt: list[str] = field(default_factory=list)
     verified_tensors: int = 0
     mismatches: list[str] = field(default_factory=list)
@@ -197,9 +201,78 @@ class HeldMemory:
         return self.programs[text]
 
 
+class Superseded(RuntimeError):
+    """A newer generation was published while this rank was computing a step: the step is left."""
+
+
+class GenerationWatch:
+    """The newest generation the agent has published, polled by a thread over a store connection of
+    its own every ``every_s``; :meth:`stop_stale_steps` makes a trainer's step leave at the next
+    module it enters once a newer generation than this rank's exists.
+
+    Why: a survivor computing a step when a peer dies only learns of it at its next collective
+    with the dead rank, or, blocked with live peers that have left, when the beat thread releases
+    its sockets a second later. At 1 GiB a step's remaining compute alone is seconds; stopping at
+    the next module (and shutting the old generation's sockets, so that a peer blocked on this rank
+    fails at once too) starts the re-forming within one poll and one module's compute.
+    """
+
+    def __init__(self, ctx: ElasticContext, every_s: float = 0.02) -> None:
+        import threading
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.ctx, self.latest = ctx, 0
+        self._store = dist.TCPStore(ctx.store.host, ctx.store.port, is_master=False,
+                                    timeout=timedelta(seconds=ctx.rendezvous_timeout_s))
+        self._every_s, self._stop = every_s, threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="ucp-generation-watch", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while True:
+            try:
+                self.latest = max(self.latest, int(self._store.get("gen")))
+            except Exception:  # noqa: BLE001 - the agent is gone; the beat thread and the timeouts handle it
+                return
+            if self._stop.wait(self._every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        """Raise :class:`Superseded` (a RuntimeError: the worker re-forms) once a newer generation than
+        this rank's is published; its old collectives are shut first (collective_release)."""
+        m = self.ctx.membership
+        if m is None or self.latest <= m.generation:
+            return
+        from ucp.integrations.collective_release import release_collectives
+
+        sockets = release_collectives(keep_port=self.ctx.store.port)
+        raise Superseded(f"generation {self.latest} was published while rank {m.rank} of generation "
+                         f"{m.generation} computed a step ({sockets} socket(s) of its collectives shut)")
+
+    def stop_stale_steps(self, trainer) -> None:
+        """Check before every module of ``trainer``'s model runs forward (megatron ``stage``, native
+        ``model``; a trainer with neither is left as it is)."""
+        from torch import nn
+
+        model = next((m for m in (getattr(trainer, "stage", None), getattr(trainer, "model", None))
+                      if isinstance(m, nn.Module)), None)
+        if model is not None:
+            for module in model.modules():
+                module.register_forward_pre_hook(lambda *_: self.check())
+
+
 def _train(ctx: ElasticContext, plan: HotPlan, trainer, held: HeldMemory, directory: str, snapshot_dir: str,
-           recovered_from: str | None) -> dict:
+           recovered_from: str | None, watch: GenerationWatch | None = None) -> dict:
     import torch.distributed as dist
+
+    if watch is not None:
+        watch.stop_stale_steps(trainer)
 
     from ucp.integrations.snapshots import SnapshotOptions, Snapshots
     from ucp.integrations.stacks.jobs import rng_digest
@@ -269,6 +342,7 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir:
 
         held.program(megatron_program(LlamaConfig.parse(plan.model), saved_states(Layout.parse(plan.layout),
                                                                                   plan.settings)))
+    watch = GenerationWatch(ctx)
     membership = ctx.join(after=-1)
     error = None
     while membership is not None:
@@ -277,12 +351,12 @@ def hot_worker(ctx: ElasticContext, plan: HotPlan, directory: str, snapshot_dir:
             if membership.generation == 0:
                 trainer = build_trainer(plan.stack, LlamaConfig.parse(plan.model), membership.layout, plan.settings,
                                         rank=membership.rank)
-                return _train(ctx, plan, trainer, held, directory, snapshot_dir, None)
+                return _train(ctx, plan, trainer, held, directory, snapshot_dir, None, watch)
             if membership.rank == 0:
                 ctx.emit("formed", t=time.monotonic(), generation=membership.generation)
             trainer, path = recover(ctx, plan, held)
             if trainer is not None:
-                return _train(ctx, plan, trainer, held, directory, snapshot_dir, path)
+                return _train(ctx, plan, trainer, held, directory, snapshot_dir, path, watch)
         except (RuntimeError, ReplicaError) as err:  # a peer is gone (gloo raises RuntimeError subclasses)
             error = f"{type(err).__name__}: {str(err)[:300]}"
             ctx.emit("failure_seen", t=time.monotonic(), error=error)
@@ -351,6 +425,8 @@ def run_hot(plan: HotPlan, directory: str | os.PathLike, *, on_event: Callable[[
             report.resumed_path = event["ranks"][0]["path"]
             report.elements = {k: sum(r["elements"][k] for r in event["ranks"]) for k in ("own", "peer", "storage")}
             report.peer_bytes = sum(r["peer_bytes"] for r in event["ranks"])
+            report.in_place_bytes = sum(r["in_place_bytes"] for r in event["ranks"])
+            report.phases = {k: max(r["seconds"][k] for r in event["ranks"]) for k in event["ranks"][0]["seconds"]}
             report.corrupt = sorted({c for r in event["ranks"] for c in r["corrupt"]})
         elif kind == "verified":
             report.verified_tensors, report.mismatches = event["tensors"], event["mismatches"]

@@ -39,7 +39,7 @@ from typing import Any
 from ucp.integrations.stacks.common import STATES, TrainSettings
 from ucp.layout import Layout
 
-__all__ = ["HOT_STACKS", "layout_check", "recover"]
+__all__ = ["HOT_STACKS", "covers", "layout_check", "new_targets", "recover", "uncovered", "without_params"]
 
 HOT_STACKS = ("megatron", "native", "deepspeed")
 
@@ -88,7 +88,24 @@ def recover(ctx, plan, held) -> tuple[Any, str | None]:
     checkpoint or snapshot held in memory (``held``: the process's
     :class:`~ucp.integrations.stacks.hot.HeldMemory`; its ``complete``, the paths this process saw
     replicated on every rank), and its path; ``(None, None)`` on a process left idle (it has left
-    the group)."""
+    the group). With ``UCP_HOT_PROFILE=DIR`` in the environment each process writes a cProfile of
+    its recovery to ``DIR/recover-g<generation>-uid<uid>.prof`` (a diagnostic; the bench passes it on)."""
+    import os
+
+    where = os.environ.get("UCP_HOT_PROFILE")
+    if not where:
+        return _recover(ctx, plan, held)
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_recover, ctx, plan, held)
+    finally:
+        os.makedirs(where, exist_ok=True)
+        profile.dump_stats(os.path.join(where, f"recover-g{ctx.membership.generation}-uid{ctx.uid}.prof"))
+
+
+def _recover(ctx, plan, held) -> tuple[Any, str | None]:
     if plan.stack == "native":
         return _build_first(ctx, plan, held, _fill_native)
     if plan.stack == "deepspeed":
@@ -100,7 +117,8 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
     """Every training rank's reshard summary, to rank 0, which emits ``recovered`` (a collective)."""
     import torch.distributed as dist
 
-    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "corrupt": list(report.corrupt),
+    summary = {"elements": report.elements, "peer_bytes": report.received_bytes, "in_place_bytes": report.in_place_bytes,
+               "corrupt": list(report.corrupt),
                "path": report.path, "seconds": {"plan": report.plan_s, "transfer": report.transfer_s,
                                                 "storage": report.storage_s, **seconds}, **(extra or {})}
     everyone: list = [None] * dist.get_world_size()
@@ -111,11 +129,9 @@ def _announce(ctx, trainer, report, seconds: dict, extra: dict | None = None) ->
 
 
 def _recover_megatron(ctx, plan, held):
-    import torch
-
     from ucp import ucl
     from ucp.integrations.llama.config import LlamaConfig
-    from ucp.integrations.megatron.trainer import megatron_program
+    from ucp.integrations.megatron.trainer import MegatronTrainer, megatron_program
     from ucp.integrations.stacks.jobs import build_trainer
     from ucp.replication.hot_reshard import reshard_from_memory
     from ucp.spec import FragmentMap
@@ -130,11 +146,13 @@ def _recover_megatron(ctx, plan, held):
         masters.append(any(name.endswith("/fp32") for name in logical))
         states = ("fp32", *STATES) if masters[0] else STATES
         fmap = ucl.spec_for_load(held.program(megatron_program(cfg, states)), m.layout, m.rank, logical)
-        into = {k: torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for k, t in ucl.local_shapes(fmap).items()}
-        return fmap, into
+        if MegatronTrainer.params_from_masters(m.layout, plan.settings, masters[0]):
+            fmap = without_params(fmap)  # written from the masters after the reshard: moving them is wasted
+        return fmap, new_targets(fmap, ucl.local_shapes(fmap))
 
     began = time.perf_counter()
     tree, into, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                  alone_bytes=plan.alone_bytes,
                                                   complete=held.complete, parsed=held.manifests)
     if m.active < m.world:  # idle ranks leave; the training ones form their own group
         if not m.training:
@@ -143,10 +161,80 @@ def _recover_megatron(ctx, plan, held):
             return None, None
         ctx.form("train", world=m.active)
     resharded = time.perf_counter()
-    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False)
+    # the trainer takes the filled tensors as its own parameters, masters and moments (no second
+    # allocation, no copy); load_tensors then only copies what it could not take as it is
+    trainer = build_trainer("megatron", cfg, m.layout, plan.settings, rank=m.rank, init=False, tensors=into)
     trainer.load_tensors(into, tree, has_masters=masters[0])
     _announce(ctx, trainer, report, {"reshard": resharded - began, "build": time.perf_counter() - resharded})
     return trainer, report.path
+
+
+def without_params(fmap):
+    """``fmap`` without its ``model/...`` tensors (for a trainer that writes its parameters from
+    the masters it loads: :meth:`MegatronTrainer.params_from_masters`)."""
+    import dataclasses
+
+    keep = {k: v for k, v in fmap.tensors.items() if not k.startswith("model/")}
+    return dataclasses.replace(fmap, tensors=keep, local={k: v for k, v in fmap.local.items() if k in keep})
+
+
+def new_targets(fmap, shapes: dict) -> dict:
+    """The local tensors a reshard fills (``shapes``: key -> LocalTensor, padding included), left
+    unfilled where the map's pieces cover them (every piece is filled, or the reshard refuses) and
+    zeroed only where elements map to nothing (padding): no pass over bytes that are overwritten."""
+    import math
+
+    import torch
+
+    out = {}
+    for key, local in shapes.items():
+        shape = tuple(local.shape)
+        gaps = uncovered(fmap.tensors[key].pieces, shape)
+        if gaps is None:  # pieces this rule cannot place: the whole tensor zeroed
+            out[key] = torch.zeros(shape, dtype=getattr(torch, local.dtype))
+            continue
+        out[key] = torch.empty(shape, dtype=getattr(torch, local.dtype))
+        flat = out[key].view(-1) if math.prod(shape) else out[key]
+        for start, stop in gaps:
+            flat[start:stop].zero_()
+    return out
+
+
+def covers(pieces, shape: tuple[int, ...]) -> bool:
+    """Whether the local regions of ``pieces`` cover every element of a tensor of ``shape``."""
+    return uncovered(pieces, shape) == []
+
+
+def uncovered(pieces, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
+    """The runs of a tensor of ``shape``'s flattening that no local region of ``pieces`` covers
+    (flat runs, and boxes of whole rows, which are runs too); None where a piece is a box of
+    partial rows (not placed here: the caller zeroes the whole tensor)."""
+    import math
+
+    from ucp.geometry import Box
+
+    numel = math.prod(shape)
+    row = math.prod(shape[1:])
+    runs = []
+    for piece in pieces:
+        local = piece.local
+        if isinstance(local, Box):
+            if local.ndim == 0:
+                runs.append((0, 1))
+            elif tuple(local.offsets[1:]) == (0,) * (len(shape) - 1) and tuple(local.sizes[1:]) == tuple(shape[1:]):
+                runs.append((local.offsets[0] * row, (local.offsets[0] + local.sizes[0]) * row))
+            else:
+                return None
+        else:
+            runs.append((local.start, local.stop))
+    gaps, end = [], 0
+    for start, stop in sorted(runs):
+        if start > end:
+            gaps.append((end, start))
+        end = max(end, stop)
+    if end < numel:
+        gaps.append((end, numel))
+    return gaps
 
 
 def native_target(trainer, logical: dict):
@@ -189,6 +277,7 @@ def _build_first(ctx, plan, held, fill):
 
     with torch.no_grad():
         tree, _, _, report = reshard_from_memory(held.all_tiers, make_target, round_bytes=plan.round_bytes,
+                                                 alone_bytes=plan.alone_bytes,
                                                  complete=held.complete, parsed=held.manifests)
         finish[0](tree)
     _announce(ctx, trainer, report, {"hand_over": formed - began, "build": built - formed,

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ucp.integrations.launch import WITH_DEEPSPEED, launch
+from ucp.integrations.launch import WITH_DEEPSPEED, WorkerFailed, launch
 from ucp.integrations.stacks.common import TrainSettings
 from ucp.integrations.stacks.jobs import build_trainer
 from ucp.layout import Layout
@@ -298,6 +298,9 @@ def run_with_failure(plan: FailurePlan, directory: str | os.PathLike, *,
 
     # 4. the last committed checkpoint, and the checkpointer's offline step
     steps = sorted(s["step"] for s in report.saves if _committed(plan, directory, s["step"]))
+    if not steps:  # seen once with DeepSpeed at load 35 (its "latest" not naming the save): a failed run, said so
+        raise WorkerFailed(f"no committed {plan.checkpointer} checkpoint in {directory} among the saves at steps "
+                           f"{[s['step'] for s in report.saves]}: nothing to restart from")
     report.resumed_from = steps[-1]
     report.checkpoint = _path(directory, report.resumed_from)
     report.checkpoint_bytes = _du(report.checkpoint)

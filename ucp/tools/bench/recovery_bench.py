@@ -162,7 +162,7 @@ def _measure_hot(scenario: Scenario, size: Size, directory: Path, verify: bool) 
     return {"recovery_s": r.recovery_s, "first_step_s": r.first_step_s, "lost_steps": r.lost_steps,
             "bitwise": r.bitwise if verify else None, "layout": r.layout_after,
             "parts": {"detect_s": r.detect_s, "reform_s": r.reform_s, "reshard_s": r.reshard_s},
-            "elements": r.elements}
+            "elements": r.elements, "reshard_phases": r.phases}
 
 
 def _measure_restart(scenario: Scenario, system: str, size: Size, directory: Path, verify: bool) -> dict:
@@ -216,6 +216,9 @@ def summarize(results: dict) -> dict:
                 "bitwise": all(f for f in flags if f is not None) if any(f is not None for f in flags) else None,
                 "bitwise_runs": sum(f is not None for f in flags),
                 "runs": rec, "layout": runs[0]["layout"], "parts": parts}
+            if all("reshard_phases" in r for r in runs):  # the hot reshard's own split (slowest rank's, medians)
+                out[name][system]["reshard_phases"] = {k: statistics.median(r["reshard_phases"][k] for r in runs)
+                                                       for k in runs[0]["reshard_phases"]}
         peer = out[name].get("dcp-restart")
         for row in out[name].values():
             row["vs_dcp_restart"] = row["recovery_s"] / peer["recovery_s"] if peer else None
@@ -240,6 +243,11 @@ def print_table(summary: dict) -> None:
             print(f"| {name} | {system} | {row['layout']} | {row['recovery_s']:.2f} | {row['ci95'][0]:.2f}-"
                   f"{row['ci95'][1]:.2f} | {ratio} | {row['first_step_s']:.2f} | {row['lost_steps']:g} | {bitwise} | "
                   f"{parts} |")
+    for name, systems in summary["scenarios"].items():
+        for system, row in systems.items():
+            if row.get("reshard_phases"):
+                split = ", ".join(f"{k} {v:.2f}" for k, v in row["reshard_phases"].items())
+                print(f"  {name} {system}: reshard phases (slowest rank, medians, s): {split}")
     for name, systems in summary["not_run"].items():
         for system, reason in systems.items():
             print(f"| {name} | {system} | not run: {reason} |" + " |" * 7)
