@@ -8,7 +8,9 @@ engine, through UCL programs, explicit maps and DTensors alike.
 
 from __future__ import annotations
 
+
 import json
+import os
 import math
 from pathlib import Path
 
@@ -212,6 +214,10 @@ def _dtensor_worker(rank: int, port: int, path: str) -> None:
         assert torch.equal(into["w"].full_tensor(), w) and torch.equal(into["v"].full_tensor(), v)
     finally:
         dist.destroy_process_group()
+    # Checked above; leave without the interpreter's teardown: in the full suite (never alone, 14 of
+    # 14 runs) a worker aborted at exit with "terminate called without an active exception", a C++
+    # thread still joinable at teardown. Not diagnosed yet; see the closing note.
+    os._exit(0)
 
 
 @pytest.mark.slow
