@@ -8,10 +8,9 @@ engine, through UCL programs, explicit maps and DTensors alike.
 
 from __future__ import annotations
 
-
 import json
-import os
 import math
+import os
 from pathlib import Path
 
 import pytest
